@@ -1,0 +1,151 @@
+"""The offset map and the layout facts derived from it (LAYOUT_SPEC §A, §A.7.2).
+
+``offset_map(layout, g)`` evaluates :meth:`Layout.offsets` on the whole logical grid: an
+int64 tensor of shape ``(L, B, 2, N, H, D)`` whose entry is the element offset of that
+logical element inside the allocation. Every fact below is a function of that tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .geometry import Geometry
+from .layouts import LOGICAL_DIMS, Layout
+
+
+def logical_shape(g: Geometry) -> tuple[int, ...]:
+    """``(L, B, 2, N, H, D)``."""
+    return (g.num_layers, g.num_blocks, 2, g.block_size, g.num_kv_heads, g.head_size)
+
+
+def logical_grid(g: Geometry, blocks=None) -> dict[str, torch.Tensor]:
+    """One broadcastable index tensor per logical coordinate, keyed like :data:`LOGICAL_DIMS`.
+
+    ``blocks`` restricts the block axis to those ids (in that order).
+    """
+    shape = logical_shape(g)
+    grid = {}
+    for axis, (name, size) in enumerate(zip(LOGICAL_DIMS, shape)):
+        values = torch.arange(size, dtype=torch.int64)
+        if name == "block" and blocks is not None:
+            values = torch.as_tensor(blocks, dtype=torch.int64).flatten().cpu()
+        view = [1] * len(shape)
+        view[axis] = values.numel()
+        grid[name] = values.view(view)
+    return grid
+
+
+def offset_map(layout: Layout, g: Geometry, blocks=None) -> torch.Tensor:
+    """Element offsets of every logical element, shape ``(L, B, 2, N, H, D)``, int64.
+
+    With ``blocks``, only those blocks: shape ``(L, len(blocks), 2, N, H, D)``.
+    """
+    grid = logical_grid(g, blocks)
+    shape = torch.broadcast_shapes(*(t.shape for t in grid.values()))
+    return layout.offsets(g, **grid).expand(shape).contiguous()
+
+
+def coordinates_of(layout: Layout, g: Geometry, element_offsets: torch.Tensor) -> list[dict | None]:
+    """Inverse map: logical coordinates of each physical element offset (None if unmapped)."""
+    omap = offset_map(layout, g).flatten()
+    order = torch.argsort(omap)
+    wanted = torch.as_tensor(element_offsets, dtype=torch.int64).flatten()
+    pos = torch.searchsorted(omap[order], wanted).clamp(max=omap.numel() - 1)
+    hits = omap[order][pos] == wanted
+    flat_index = order[pos]
+    shape = logical_shape(g)
+    out = []
+    for hit, index in zip(hits.tolist(), flat_index.tolist()):
+        if not hit:
+            out.append(None)
+            continue
+        coord = {}
+        for name, size in zip(reversed(LOGICAL_DIMS), reversed(shape)):
+            coord[name] = index % size
+            index //= size
+        out.append({name: coord[name] for name in LOGICAL_DIMS})
+    return out
+
+
+# ------------------------------------------------------------------------- facts
+def is_injective(omap: torch.Tensor) -> bool:
+    """No two logical elements share a physical element."""
+    return torch.unique(omap).numel() == omap.numel()
+
+
+def is_in_bounds(omap: torch.Tensor, numel: int) -> bool:
+    """Every offset lies inside an allocation of ``numel`` elements."""
+    return bool(omap.min() >= 0) and bool(omap.max() < numel)
+
+
+def _group_extents(omap: torch.Tensor, keep: tuple[str, ...]):
+    """Per group of the kept coordinates: (min offset, max offset, element count)."""
+    keep_axes = [LOGICAL_DIMS.index(k) for k in keep]
+    moved = omap.permute(keep_axes + [a for a in range(omap.dim()) if a not in keep_axes])
+    flat = moved.reshape(*moved.shape[: len(keep)], -1)
+    return flat.amin(-1), flat.amax(-1), flat.shape[-1]
+
+
+def is_contiguous_per(omap: torch.Tensor, keep: tuple[str, ...]) -> bool:
+    """Each group of elements sharing the ``keep`` coordinates is one contiguous run."""
+    lo, hi, count = _group_extents(omap, keep)
+    return bool(((hi - lo + 1) == count).all()) and is_injective(omap)
+
+
+def is_blocks_first(omap: torch.Tensor) -> bool:
+    """Within every layer, blocks occupy disjoint ranges in block order (dim 0 = blocks)."""
+    lo, hi, _ = _group_extents(omap, ("layer", "block"))
+    return bool((hi[:, :-1] < lo[:, 1:]).all())
+
+
+def is_block_compact(omap: torch.Tensor) -> bool:
+    """Each (layer, block) page — its K and V — is one contiguous run (one connector region)."""
+    return is_contiguous_per(omap, ("layer", "block"))
+
+
+def is_layer_compact(omap: torch.Tensor) -> bool:
+    """Each layer's elements form one run (E3 ``is_layer_compact``)."""
+    return is_contiguous_per(omap, ("layer",))
+
+
+def is_block_outermost(omap: torch.Tensor) -> bool:
+    """All layers' pages of one block are one run (E3 ``is_block_outermost``)."""
+    return is_contiguous_per(omap, ("block",))
+
+
+def is_block_contiguous(omap: torch.Tensor, slot_coord: str = "head") -> bool:
+    """Block-compact and each (layer, block, E3-head) run contiguous (E3 ``is_block_contiguous``)."""
+    return is_block_compact(omap) and is_contiguous_per(omap, ("layer", "block", slot_coord))
+
+
+def block_byte_runs(omap: torch.Tensor, element_size: int, layer: int, block: int) -> list[tuple[int, int]]:
+    """Half-open byte ranges holding one (layer, block): one range iff block-compact."""
+    offs = torch.sort(omap[layer, block].flatten()).values
+    breaks = torch.nonzero(offs[1:] != offs[:-1] + 1).flatten() + 1
+    starts = torch.cat([offs[:1], offs[breaks]])
+    ends = torch.cat([offs[breaks - 1], offs[-1:]]) + 1
+    return [(int(s) * element_size, int(e) * element_size) for s, e in zip(starts, ends)]
+
+
+def block_byte_ranges(omap: torch.Tensor, element_size: int) -> torch.Tensor:
+    """``(L, B, 2)`` half-open byte range of every (layer, block) page; needs block-compact."""
+    if not is_block_compact(omap):
+        raise ValueError("block_byte_ranges: layout is not block-compact (a page is several runs)")
+    lo, hi, _ = _group_extents(omap, ("layer", "block"))
+    return torch.stack([lo, hi + 1], dim=-1) * element_size
+
+
+def strides_from_offsets(omap: torch.Tensor) -> tuple[int, ...] | None:
+    """Logical strides ``(sL, sB, skv, sN, sH, sD)`` if the map is affine, else None."""
+    origin = omap[(0,) * omap.dim()]
+    strides = []
+    for axis in range(omap.dim()):
+        if omap.shape[axis] == 1:
+            strides.append(0)
+            continue
+        index = [0] * omap.dim()
+        index[axis] = 1
+        strides.append(int(omap[tuple(index)] - origin))
+    grids = torch.meshgrid(*[torch.arange(n) for n in omap.shape], indexing="ij")
+    rebuilt = origin + sum(s * gi for s, gi in zip(strides, grids))
+    return tuple(strides) if torch.equal(rebuilt, omap) else None
