@@ -34,6 +34,7 @@ from .offsets import (
     is_in_bounds,
     is_injective,
     is_layer_compact,
+    logical_grid,
     logical_shape,
     offset_map,
     strides_from_offsets,

@@ -1,0 +1,139 @@
+"""The backend contract: what a vendor implements so kvconform can check a backend.
+
+A backend is a small adapter (ONNX ``Backend``-sized). It *declares* — identity,
+capabilities, the layouts it produces as reference descriptors — and it *does* — allocate
+its cache over a buffer the suite provides, split it, and run its own cache kernels exactly
+as the real backend calls them. The suite decides everything else from the reference.
+
+Every op receives the :class:`CacheSpec` the cache was allocated with; a real backend may
+ignore it (its kernels read shapes and strides from the tensors).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+
+import torch
+
+from reference import Geometry, Layout, fp8
+
+OPS = frozenset({"write", "split", "swap", "copy", "decode"})
+STANDARDS = frozenset({"e1", "e3"})
+CONNECTOR_NOT_SUPPORTED = "KV connector not supported"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Capabilities:
+    """What a backend supports; the suite generates cases only inside these sets."""
+
+    layouts: tuple[Layout, ...]
+    ops: frozenset[str]
+    standards: frozenset[str] = frozenset()
+    dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
+    kv_cache_dtypes: tuple[str, ...] = ("auto",)
+    head_sizes: tuple[int, ...] = (64, 128)
+    block_sizes: tuple[int, ...] = (16,)
+    num_kv_heads: tuple[int, ...] = (1, 2, 3)
+    scale_types: tuple[str, ...] = ("tensor",)  # "tensor" and/or "head" (per-KV-head [H])
+
+    def __post_init__(self):
+        unknown = set(self.ops) - OPS
+        if unknown:
+            raise ValueError(f"Capabilities.ops: unknown ops {sorted(unknown)}; expected a subset of {sorted(OPS)}")
+        unknown = set(self.standards) - STANDARDS
+        if unknown:
+            raise ValueError(f"Capabilities.standards: unknown {sorted(unknown)}; expected a subset of {sorted(STANDARDS)}")
+        if not self.layouts:
+            raise ValueError("Capabilities.layouts: declare at least one layout")
+        if set(self.scale_types) - {"tensor", "head"}:
+            raise ValueError(f"Capabilities.scale_types: expected 'tensor'/'head', got {self.scale_types}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CacheSpec:
+    """One cache: its reference layout, geometry (cache dtype included) and dtype strings."""
+
+    layout: Layout
+    geometry: Geometry
+    kv_cache_dtype: str = "auto"
+    model_dtype: torch.dtype = torch.bfloat16
+
+
+class Backend(abc.ABC):
+    """Implement the abstract members (about 50 lines for a real backend).
+
+    Optional ops raise ``NotImplementedError`` unless listed in ``capabilities.ops``.
+    """
+
+    name: str
+    platform: str = "cpu"  # "cuda" | "rocm" | "cpu"
+    device: str = "cpu"
+
+    @property
+    @abc.abstractmethod
+    def capabilities(self) -> Capabilities: ...
+
+    def versions(self) -> dict[str, str]:
+        """Versions worth recording with every result (library, kernels, driver)."""
+        return {"torch": torch.__version__}
+
+    def arch(self) -> str:
+        """Device architecture, e.g. ``sm90``, ``gfx942``; empty on CPU."""
+        return ""
+
+    def cache_dtype(self, kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+        """Storage dtype for ``kv_cache_dtype`` on this platform (fnuz only on gfx94x)."""
+        return fp8.cache_dtype_for(kv_cache_dtype, model_dtype, self.platform, self.arch())
+
+    @abc.abstractmethod
+    def allocate(self, buffer: torch.Tensor, spec: CacheSpec) -> torch.Tensor:
+        """Build the cache tensor the backend's kernels receive, as a view of ``buffer``.
+
+        ``buffer`` is a uint8 1-D tensor of ``spec.layout.nbytes(spec.geometry)`` bytes on
+        the device (pinned host memory for swap targets).
+        """
+
+    def split(self, cache: torch.Tensor, spec: CacheSpec) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K and V tensors the kernels receive (E1: ``cache.unbind(1)``)."""
+        raise NotImplementedError
+
+    def write(self, cache, key, value, slot_mapping, spec: CacheSpec, *, k_scale, v_scale) -> None:
+        """``reshape_and_cache``: token ``t`` of ``key``/``value`` into slot ``slot_mapping[t]``."""
+        raise NotImplementedError
+
+    def swap_out(self, cache, host_cache, src_ids, dst_ids, spec: CacheSpec) -> None:
+        """``swap_out_blocks_to_host``: ``host[dst_ids] = cache[src_ids]`` (whole blocks)."""
+        raise NotImplementedError
+
+    def swap_in(self, host_cache, cache, src_ids, dst_ids, spec: CacheSpec) -> None:
+        """``insert_blocks_to_device``: ``cache[dst_ids] = host[src_ids]`` (whole blocks)."""
+        raise NotImplementedError
+
+    def copy_blocks(self, cache, block_mapping, spec: CacheSpec) -> None:
+        """``copy_blocks``: every ``[src, dst]`` row of ``block_mapping`` copies a whole block."""
+        raise NotImplementedError
+
+    def decode(self, cache, query, block_table, seq_lens, spec: CacheSpec, *, scale, k_scale, v_scale) -> torch.Tensor:
+        """Paged decode attention over the cache: ``query [S, Hq, D]`` → ``[S, Hq, D]``."""
+        raise NotImplementedError
+
+    def supports_kv_connector(self) -> bool:
+        """vLLM ``AttentionBackend.supports_kv_connector()`` (default True, §C.1)."""
+        return True
+
+    def validate_configuration(self, *, head_size: int, dtype, kv_cache_dtype: str, block_size: int, use_kv_connector: bool) -> list[str]:
+        """Reasons this configuration is invalid (vLLM ``validate_configuration``, §C.1)."""
+        caps = self.capabilities
+        reasons = []
+        if head_size not in caps.head_sizes:
+            reasons.append("head_size not supported")
+        if dtype not in caps.dtypes:
+            reasons.append("dtype not supported")
+        if kv_cache_dtype not in caps.kv_cache_dtypes:
+            reasons.append("kv_cache_dtype not supported")
+        if block_size not in caps.block_sizes:
+            reasons.append("block_size not supported")
+        if use_kv_connector and not self.supports_kv_connector():
+            reasons.append(CONNECTOR_NOT_SUPPORTED)
+        return reasons

@@ -1,0 +1,81 @@
+"""The ``reference`` backend: kvconform's executable spec wearing the backend contract.
+
+It passes every check by construction and is the column every other backend is compared
+with; the mutants subclass it and break one thing each.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import reference as R
+
+from .contract import Backend, Capabilities, CacheSpec
+
+DEFAULT_LAYOUTS = (R.blocks_first("NHD"), R.blocks_first("HND"), R.aiter_shuffle("blocks_first"))
+
+
+def flat_storage(cache: torch.Tensor, spec: CacheSpec) -> torch.Tensor:
+    """The contiguous 1-D region (layout offset 0 onwards) that ``cache`` views."""
+    return torch.as_strided(cache, (spec.layout.numel(spec.geometry),), (1,), cache.storage_offset())
+
+
+def view_over(buffer: torch.Tensor, spec: CacheSpec, shape_strides=None) -> torch.Tensor:
+    """A strided tensor over ``buffer`` with the layout's (or the given) shape and strides."""
+    shape, strides = shape_strides or spec.layout.view_shape_strides(spec.geometry)
+    return buffer.view(spec.geometry.dtype).as_strided(shape, strides)
+
+
+class ReferenceBackend(Backend):
+    name = "reference"
+
+    def __init__(self, layouts=DEFAULT_LAYOUTS, standards=frozenset({"e1"})):
+        self._capabilities = Capabilities(
+            layouts=tuple(layouts),
+            ops=frozenset({"write", "split", "swap", "copy", "decode"}),
+            standards=standards,
+            dtypes=(torch.bfloat16, torch.float16, torch.float32),
+            kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+            head_sizes=(16, 32, 64),
+            block_sizes=(16, 32),
+            scale_types=("tensor", "head"),
+        )
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    def allocate(self, buffer, spec):
+        return view_over(buffer, spec)
+
+    def split(self, cache, spec):
+        views = []
+        for kv in (0, 1):
+            shape, strides, offset = spec.layout.side_view(spec.geometry, kv)
+            views.append(cache.as_strided(shape, strides, cache.storage_offset() + offset))
+        return views[0], views[1]
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        R.reshape_and_cache(key, value, flat_storage(cache, spec), spec.layout, spec.geometry, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+
+    def swap_out(self, cache, host_cache, src_ids, dst_ids, spec):
+        R.swap_out_blocks_to_host(flat_storage(cache, spec), flat_storage(host_cache, spec), spec.layout, spec.geometry, src_ids, dst_ids)
+
+    def swap_in(self, host_cache, cache, src_ids, dst_ids, spec):
+        R.insert_blocks_to_device(flat_storage(host_cache, spec), flat_storage(cache, spec), spec.layout, spec.geometry, src_ids, dst_ids)
+
+    def copy_blocks(self, cache, block_mapping, spec):
+        R.copy_blocks(flat_storage(cache, spec), spec.layout, spec.geometry, block_mapping)
+
+    def decode(self, cache, query, block_table, seq_lens, spec, *, scale, k_scale, v_scale):
+        return R.paged_decode_attention(
+            query, flat_storage(cache, spec), spec.layout, spec.geometry, block_table, seq_lens,
+            scale=scale, k_scale=k_scale, v_scale=v_scale,
+        )
+
+    def supports_kv_connector(self):
+        return all(R.is_block_compact(R.offset_map(layout, _PROBE)) for layout in self.capabilities.layouts)
+
+
+# Small geometry used to read layout facts (§A.1: probe, never guess from a live tensor).
+_PROBE = R.Geometry(num_blocks=3, block_size=16, num_kv_heads=2, head_size=16, dtype=torch.bfloat16)

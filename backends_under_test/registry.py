@@ -1,0 +1,69 @@
+"""Where backends come from: built-ins, the ``kvconform.backends`` entry-point group, or
+``pkg.module:attr``. Loading is lazy and per name, so one broken backend never hides the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import traceback
+
+from .contract import Backend
+
+BUILTIN = {
+    "reference": "backends_under_test.reference_backend:ReferenceBackend",
+}
+MUTANT_PREFIX = "mutant:"
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A backend by name: the instance, or the error that stopped it loading."""
+
+    name: str
+    backend: Backend | None = None
+    error: str | None = None
+
+
+def entry_points() -> dict[str, str]:
+    return {ep.name: ep.value for ep in importlib.metadata.entry_points(group="kvconform.backends")}
+
+
+def registered() -> dict[str, str]:
+    """Every name ``--backend`` accepts (besides ``pkg.module:attr`` and ``mutant:NAME``)."""
+    from .mutants import MUTANTS
+
+    names = {**entry_points(), **BUILTIN}
+    names.update({MUTANT_PREFIX + m: f"backends_under_test.mutants:{cls.__name__}" for m, cls in MUTANTS.items()})
+    return names
+
+
+def default_names() -> list[str]:
+    """Backends run when ``--backend`` is not given: the built-ins that are not mutants."""
+    return list(BUILTIN)
+
+
+def is_known(name: str) -> bool:
+    return name in registered() or ":" in name and not name.startswith(MUTANT_PREFIX)
+
+
+def _target(name: str) -> str:
+    return registered().get(name, name)
+
+
+def load(name: str) -> Loaded:
+    """Import and instantiate; any failure becomes ``Loaded.error`` with the traceback tail."""
+    try:
+        module_name, _, attr = _target(name).partition(":")
+        if not attr:
+            raise ValueError(f"backend {name!r}: expected a registered name or 'pkg.module:attr'")
+        obj = getattr(importlib.import_module(module_name), attr)
+        backend = obj() if callable(obj) and not isinstance(obj, Backend) else obj
+        if not isinstance(backend, Backend):
+            raise TypeError(f"backend {name!r}: {obj!r} is not a kvconform Backend")
+        backend.name = name
+        return Loaded(name, backend=backend)
+    except Exception as exc:  # noqa: BLE001 - reported per backend, the session goes on
+        tail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        return Loaded(name, error=tail)

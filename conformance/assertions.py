@@ -1,0 +1,105 @@
+"""Assertion helpers: property name first, logical coordinates, expected vs actual bytes, repro.
+
+Every failure reads like::
+
+    write: 12 elements differ (of 3072 logical + 512 guard bytes); first at
+      layer=0 block=3 kv=V slot=5 head=1 dim=7: expected 3f 80, actual 00 00
+      ...
+      geometry L1-B6-N16-H3-D32-bfloat16, layout HND E1[B,2,H,N,D]
+      repro: pytest conformance/test_write.py --backend X --seed 0 --standard e1 -k '…'
+"""
+
+from __future__ import annotations
+
+import torch
+
+import reference as R
+
+from .harness import GUARD, Arena, Case
+
+KV_NAMES = ("K", "V")
+SHOWN = 6  # differing elements listed per failure
+
+
+def describe(coords: dict | None) -> str:
+    if coords is None:
+        return "padding (no logical element)"
+    parts = [f"{k}={KV_NAMES[v] if k == 'kv' else v}" for k, v in coords.items()]
+    return " ".join(parts)
+
+
+def _hex(data: torch.Tensor) -> str:
+    return " ".join(f"{b:02x}" for b in data.tolist())
+
+
+def _place(arena: Arena, element: int) -> str:
+    """Where element ``element`` of the arena (in cache-dtype units from the arena start) lies."""
+    spec = arena.spec
+    e = spec.geometry.element_size
+    inner = element - GUARD // e
+    span = spec.layout.numel(spec.geometry)
+    if inner < 0:
+        return f"guard before cache ({-inner * e} bytes before)"
+    if inner >= span:
+        return f"guard after cache (+{(inner - span) * e} bytes past the end)"
+    return describe(R.coordinates_of(spec.layout, spec.geometry, [inner])[0])
+
+
+def assert_bytes_equal(prop: str, case: Case, expected: Arena, actual: Arena, note: str = "") -> None:
+    """The whole arena (guards included) must equal the reference's, byte for byte."""
+    want = expected.buffer.cpu()
+    got = actual.buffer.detach().cpu()
+    if torch.equal(want, got):
+        return
+    e = actual.spec.geometry.element_size
+    differs = (want != got).view(-1, e).any(dim=1).nonzero().flatten()
+    lines = [
+        f"{prop}: {differs.numel()} elements differ (cache of {actual.spec.layout.nbytes(actual.spec.geometry)} bytes "
+        f"+ {GUARD}-byte guards){' — ' + note if note else ''}"
+    ]
+    for element in differs[:SHOWN].tolist():
+        span = slice(element * e, (element + 1) * e)
+        lines.append(f"  {_place(actual, element)}: expected {_hex(want[span])}, actual {_hex(got[span])}")
+    if differs.numel() > SHOWN:
+        lines.append(f"  … {differs.numel() - SHOWN} more")
+    raise AssertionError("\n".join(lines + _footer(case, actual)))
+
+
+def assert_equal(prop: str, case: Case, expected, actual, what: str) -> None:
+    """A declared fact (shape, stride, pointer delta, flag) must equal the spec's."""
+    if expected != actual:
+        raise AssertionError(f"{prop}: {what}: expected {expected!r}, actual {actual!r}\n" + "\n".join(_footer(case, None)))
+
+
+def assert_true(prop: str, case: Case, condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(f"{prop}: {message}\n" + "\n".join(_footer(case, None)))
+
+
+def assert_close(prop: str, case: Case, expected: torch.Tensor, actual: torch.Tensor, *, atol: float, rtol: float, dims: tuple[str, ...]) -> None:
+    """Numeric read-side results within tolerance; names the worst logical index."""
+    expected, actual = expected.float().cpu(), actual.float().cpu()
+    if expected.shape != actual.shape:
+        raise AssertionError(f"{prop}: shape: expected {tuple(expected.shape)}, actual {tuple(actual.shape)}\n" + "\n".join(_footer(case, None)))
+    err = (actual - expected).abs()
+    bad = (err > atol + rtol * expected.abs()) | actual.isnan()
+    if not bool(bad.any()):
+        return
+    worst = int(torch.where(bad, err.nan_to_num(float("inf")), torch.zeros_like(err)).argmax())
+    index = torch.unravel_index(torch.tensor(worst), expected.shape)
+    where = " ".join(f"{d}={int(i)}" for d, i in zip(dims, index))
+    raise AssertionError(
+        f"{prop}: {int(bad.sum())} of {bad.numel()} values outside atol={atol} rtol={rtol}; worst at {where}: "
+        f"expected {float(expected.flatten()[worst]):.6g}, actual {float(actual.flatten()[worst]):.6g}\n"
+        + "\n".join(_footer(case, None))
+    )
+
+
+def _footer(case: Case, arena: Arena | None) -> list[str]:
+    lines = []
+    if arena is not None:
+        lines.append(f"  geometry {arena.spec.geometry.short()}, kv_cache_dtype {arena.spec.kv_cache_dtype}, layout {arena.spec.layout}")
+    elif case.layout is not None:
+        lines.append(f"  layout {case.layout}")
+    lines.append(f"  repro: {case.repro}")
+    return lines

@@ -1,0 +1,128 @@
+"""What every check needs: guarded cache arenas, the per-test case, and exact input data.
+
+An *arena* is one uint8 buffer: ``GUARD`` bytes, the cache, ``GUARD`` bytes, all filled with
+seeded random bytes. The backend builds its cache over the middle; the reference applies
+the same op to a copy; the checks compare the whole arena, so a write anywhere it should
+not be — another slot, block or plane, padding, or past either end — is caught.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+
+import torch
+
+import reference as R
+from backends_under_test.contract import Backend, CacheSpec
+
+GUARD = 256  # bytes before and after every cache; a multiple of every element size
+FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+
+
+@dataclasses.dataclass
+class Arena:
+    buffer: torch.Tensor  # uint8, guard + cache + guard
+    spec: CacheSpec
+    cache: torch.Tensor | None = None  # the backend's view
+
+    @property
+    def region(self) -> torch.Tensor:
+        """The cache bytes (no guards), as the reference sees them."""
+        return self.buffer[GUARD : GUARD + self.spec.layout.nbytes(self.spec.geometry)]
+
+    def snapshot(self) -> "Arena":
+        """A CPU copy for the reference to operate on."""
+        return Arena(self.buffer.detach().cpu().clone(), self.spec)
+
+
+@dataclasses.dataclass
+class Case:
+    """One test's backend, layout, device, seed, and how to reproduce it."""
+
+    backend: Backend
+    layout: R.Layout | None
+    device: str
+    seed: int
+    standard: str
+    nodeid: str
+    record: callable  # record(key, value) into the test's results
+
+    @property
+    def repro(self) -> str:
+        test = self.nodeid.split("::")[-1]
+        return (
+            f"pytest {self.nodeid.split('::')[0]} --backend {shlex.quote(self.backend.name)} "
+            f"--seed {self.seed} --standard {self.standard} -k {shlex.quote(test)}"
+        )
+
+    def spec(self, g: R.Geometry, kv_cache_dtype: str = "auto", model_dtype=torch.bfloat16, layout=None) -> CacheSpec:
+        spec = CacheSpec(layout=layout or self.layout, geometry=g, kv_cache_dtype=kv_cache_dtype, model_dtype=model_dtype)
+        self.record("layout", str(spec.layout))
+        self.record("geometry", g.short())
+        self.record("kv_cache_dtype", kv_cache_dtype)
+        return spec
+
+    def geometry(self, *, kv_cache_dtype="auto", model_dtype=torch.bfloat16, num_blocks=6, block_size=None, num_kv_heads=None, head_size=None, num_layers=1) -> R.Geometry:
+        """A small geometry inside the backend's capabilities, N, H, D pairwise distinct when possible."""
+        caps = self.backend.capabilities
+        block_size = block_size or caps.block_sizes[0]
+        head_size = head_size or next((d for d in caps.head_sizes if d != block_size), caps.head_sizes[0])
+        heads = [h for h in caps.num_kv_heads if h not in (block_size, head_size)] or list(caps.num_kv_heads)
+        return R.Geometry(
+            num_blocks=num_blocks, block_size=block_size, num_kv_heads=num_kv_heads or max(heads),
+            head_size=head_size, dtype=self.backend.cache_dtype(kv_cache_dtype, model_dtype), num_layers=num_layers,
+        )
+
+    def allocate(self, spec: CacheSpec, *, host: bool = False, seed_offset: int = 0) -> Arena:
+        """A guarded, random-filled arena with the backend's cache built over its middle."""
+        nbytes = spec.layout.nbytes(spec.geometry)
+        gen = torch.Generator().manual_seed(self.seed * 7919 + seed_offset)
+        data = torch.randint(0, 256, (2 * GUARD + nbytes,), dtype=torch.uint8, generator=gen)
+        if host:
+            buffer = data.pin_memory() if torch.cuda.is_available() else data
+        else:
+            buffer = data.to(self.device)
+        arena = Arena(buffer, spec)
+        arena.cache = self.backend.allocate(arena.region, spec)
+        return arena
+
+
+def token_rows(spec: CacheSpec, rows: int, seed: int, *, contiguous: bool = False, magnitude: float = 4.0):
+    """Key and value ``[rows, H, D]`` in the model dtype.
+
+    Non-contiguous by default: the K and V rows of one ``qkv [rows, 3, H, D]`` tensor, as
+    vLLM feeds them (row stride ``3·H·D``).
+    """
+    g = spec.geometry
+    gen = torch.Generator().manual_seed(seed)
+    qkv = (torch.randn(rows, 3, g.num_kv_heads, g.head_size, generator=gen) * magnitude).to(spec.model_dtype)
+    key, value = qkv[:, 1], qkv[:, 2]
+    if contiguous:
+        key, value = key.contiguous(), value.contiguous()
+    return key, value
+
+
+def fp8_edge_rows(spec: CacheSpec, rows: int, seed: int, k_scale: float, v_scale: float):
+    """Rows full of fp8 edge values: −0.0, values past the format max, exact ties, tiny negatives."""
+    fmt = R.fp8.fp8_format(spec.geometry.dtype)
+    codes = torch.arange(256, dtype=torch.uint8)
+    grid = torch.sort(R.fp8.decode_codes(codes, fmt)).values
+    grid = grid[torch.isfinite(grid)]
+    ties = (grid[1:] + grid[:-1]) / 2
+    specials = torch.tensor([-0.0, 0.0, fmt.max_finite * 1.5, -fmt.max_finite * 8, -1e-9, fmt.max_finite, -fmt.max_finite])
+    pool = torch.cat([specials, ties, grid])
+    gen = torch.Generator().manual_seed(seed)
+    g = spec.geometry
+    picks = torch.randint(0, pool.numel(), (2, rows, g.num_kv_heads, g.head_size), generator=gen)
+    values = pool[picks]
+    key = (values[0] * k_scale).to(spec.model_dtype)
+    value = (values[1] * v_scale).to(spec.model_dtype)
+    return key, value
+
+
+def block_ids(g: R.Geometry, count: int, seed: int, *, minimum: int = 2) -> torch.Tensor:
+    """``count`` distinct block ids ≥ ``minimum`` in a seeded random order."""
+    gen = torch.Generator().manual_seed(seed)
+    pool = torch.arange(minimum, g.num_blocks)
+    return pool[torch.randperm(pool.numel(), generator=gen)][:count]

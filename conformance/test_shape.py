@@ -1,0 +1,34 @@
+"""Check 1 — the cache a backend allocates has the standard's logical shape, strides rebuilt
+from its declared stride order, blocks outermost and no inner gaps (LAYOUT_SPEC §A.1, §A.2, §A.7)."""
+
+import pytest
+
+import reference as R
+
+from .assertions import assert_equal, assert_true
+from .observed import expected_logical_shape, observed_offset_map
+
+pytestmark = [pytest.mark.shape, pytest.mark.kvc_layouts("standard")]
+
+
+def test_cache_has_the_standard_logical_shape(case):
+    spec = case.spec(case.geometry(num_layers=1))
+    arena = case.allocate(spec)
+    assert_equal("shape", case, expected_logical_shape(case.standard, spec), tuple(arena.cache.shape), "cache.shape")
+
+
+def test_cache_strides_are_rebuilt_from_the_declared_stride_order(case):
+    spec = case.spec(case.geometry())
+    arena = case.allocate(spec)
+    _, strides = spec.layout.view_shape_strides(spec.geometry)
+    assert_equal("shape", case, strides, tuple(arena.cache.stride()), "cache.stride()")
+    assert_equal("shape", case, arena.region.data_ptr(), arena.cache.data_ptr(), "cache.data_ptr() (start of the buffer)")
+
+
+def test_blocks_are_outermost_and_each_block_is_one_region(case):
+    spec = case.spec(case.geometry())
+    arena = case.allocate(spec)
+    omap = observed_offset_map(case.standard, spec, arena.cache)
+    assert_true("shape", case, R.is_injective(omap), f"two logical elements share memory (strides {arena.cache.stride()})")
+    assert_true("shape", case, R.is_blocks_first(omap), f"dim 0 is not the block dim (strides {arena.cache.stride()})")
+    assert_true("shape", case, R.is_block_compact(omap), f"a block's K and V are not one contiguous region (strides {arena.cache.stride()})")

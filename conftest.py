@@ -1,0 +1,212 @@
+"""kvconform's pytest plugin: ``pytest conformance --backend NAME``.
+
+- ``--backend`` (repeatable, comma-separated; default every built-in that loads here) picks
+  backends from the registry; each becomes a parameter of every check.
+- Checks are generated only for what a backend declares: ops it lacks, standards it does not
+  implement and layouts a family does not apply to become *not applicable* skips, decided
+  in one collection hook from markers — never passes.
+- ``--seed`` seeds Hypothesis and every input; ``--profile quick|full`` sets the example budget.
+- One JSON record per test goes to ``--kvc-json`` (reports/results.py).
+"""
+
+from __future__ import annotations
+
+import platform
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+from backends_under_test import registry
+from reports.results import NOT_APPLICABLE, ResultRecorder
+
+FAMILIES = ("shape", "split", "write", "shuffle", "swap", "copy", "read", "gating")
+PROFILES = {
+    "quick": dict(max_examples=4),
+    "full": dict(max_examples=60),
+}
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("kvconform")
+    group.addoption("--backend", action="append", default=[], help="backend name(s), comma-separated or repeated; 'pkg.module:attr' or 'mutant:NAME' also accepted")
+    group.addoption("--device", default=None, help="device for caches (default: cuda if available, else cpu)")
+    group.addoption("--seed", type=int, default=0, help="seed for Hypothesis and all generated data (default 0)")
+    group.addoption("--profile", choices=sorted(PROFILES), default="quick", help="Hypothesis example budget")
+    group.addoption("--standard", choices=("e1", "e3"), default="e1", help="layout standard checks 1-2 hold backends to")
+    group.addoption("--kvc-json", default="kvconform-results/results.json", help="where to write per-test JSON results")
+
+
+def pytest_configure(config):
+    for family in FAMILIES:
+        config.addinivalue_line("markers", f"{family}: kvconform check family {family}")
+    config.addinivalue_line("markers", "kvc_op(name): needs the backend to declare op NAME")
+    config.addinivalue_line("markers", "kvc_layouts(kind): which declared layouts to run on: all | tiled | standard | none")
+    config.addinivalue_line("markers", "kvc_needs(feature): needs fp8 | single_kv_head | gpu")
+    seed = config.getoption("seed")
+    settings.register_profile(
+        "kvconform", database=None, deadline=None, derandomize=False,
+        suppress_health_check=list(HealthCheck), **PROFILES[config.getoption("profile")],
+    )
+    settings.load_profile("kvconform")
+    config.option.hypothesis_seed = str(seed)  # read by Hypothesis' own plugin
+    config._kvc_backends = _selected_backends(config)
+    if not hasattr(config, "workerinput"):  # xdist workers send reports to the controller
+        config.pluginmanager.register(ResultRecorder(config, _environment(config)), "kvconform-results")
+
+
+def _selected_backends(config) -> dict[str, registry.Loaded]:
+    names = [n.strip() for value in config.getoption("backend") for n in value.split(",") if n.strip()]
+    explicit = bool(names)
+    names = names or registry.default_names()
+    unknown = [n for n in names if not registry.is_known(n)]
+    if unknown:
+        raise pytest.UsageError(
+            f"--backend: unknown backend(s) {', '.join(unknown)}; registered: {', '.join(sorted(registry.registered()))} "
+            "(or pass 'pkg.module:attr')"
+        )
+    loaded = {name: registry.load(name) for name in dict.fromkeys(names)}
+    if not explicit:  # the default is every built-in that can run here
+        loaded = {n: l for n, l in loaded.items() if l.backend is not None} or loaded
+    return loaded
+
+
+def _device(config) -> str:
+    return config.getoption("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _environment(config) -> dict:
+    return {
+        "torch": torch.__version__, "hip": torch.version.hip, "device": _device(config),
+        "seed": config.getoption("seed"), "profile": config.getoption("profile"),
+        "standard": config.getoption("standard"),
+        "backends": {
+            n: ({"platform": l.backend.platform, "arch": l.backend.arch(), **l.backend.versions()} if l.backend else {"error": l.error})
+            for n, l in config._kvc_backends.items()
+        },
+    }
+
+
+def pytest_report_header(config):
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "absent"
+    device = _device(config)
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu"
+    lines = [
+        f"kvconform: torch {torch.__version__} (hip {torch.version.hip}), triton {triton_version}, "
+        f"device {device} ({name}), profile {config.getoption('profile')}, seed {config.getoption('seed')}, "
+        f"standard {config.getoption('standard')}",
+    ]
+    for loaded in config._kvc_backends.values():
+        if loaded.backend is None:
+            lines.append(f"  backend {loaded.name}: LOAD ERROR {loaded.error}")
+            continue
+        b = loaded.backend
+        fp8 = b.cache_dtype("fp8", torch.bfloat16) if "fp8" in b.capabilities.kv_cache_dtypes else "-"
+        lines.append(
+            f"  backend {b.name}: platform {b.platform}, arch {b.arch() or '-'}, fp8 {fp8}, "
+            f"standards {sorted(b.capabilities.standards) or '-'}, versions {b.versions()}"
+        )
+    return lines
+
+
+def _layouts_for(backend, kind: str):
+    layouts = backend.capabilities.layouts
+    if kind == "tiled":
+        return [lay for lay in layouts if lay.is_tiled]
+    if kind == "none":
+        return [None]
+    return list(layouts)
+
+
+def pytest_generate_tests(metafunc):
+    if "case" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("kvc_layouts")
+    kind = marker.args[0] if marker else "all"
+    params, ids = [], []
+    for loaded in metafunc.config._kvc_backends.values():
+        layouts = _layouts_for(loaded.backend, kind) if loaded.backend else [None]
+        if not layouts:  # family does not apply to any declared layout: one N/A cell
+            layouts = [f"no {kind} layout declared"]
+        for layout in layouts:
+            params.append((loaded, layout))
+            label = getattr(layout, "era", None) and f"{layout.era}:{layout.alias}"
+            ids.append(loaded.name if layout is None else f"{loaded.name}-{label or 'n/a'}")
+    metafunc.parametrize("case_param", params, ids=ids, indirect=True)
+
+
+def _not_applicable(item, loaded, layout, standard) -> str | None:
+    """Why this check does not apply to this backend/layout, or None."""
+    backend = loaded.backend
+    if backend is None:
+        return None
+    caps = backend.capabilities
+    if isinstance(layout, str):
+        return layout
+    op = item.get_closest_marker("kvc_op")
+    if op and op.args[0] not in caps.ops:
+        return f"{backend.name} does not declare op '{op.args[0]}'"
+    for need in item.iter_markers("kvc_needs"):
+        reason = _missing(need.args[0], caps, item.config)
+        if reason:
+            return f"{backend.name} {reason}"
+    if item.get_closest_marker("kvc_layouts") and item.get_closest_marker("kvc_layouts").args[0] == "standard":
+        if standard not in caps.standards:
+            return f"{backend.name} declares standards {sorted(caps.standards) or 'none'}, not --standard {standard}"
+    return None
+
+
+def _missing(feature: str, caps, config) -> str | None:
+    """Why a backend lacks a feature a check needs (``kvc_needs`` marker), or None."""
+    from conformance.harness import FP8_KV_CACHE_DTYPES
+
+    if feature == "fp8":
+        return None if set(caps.kv_cache_dtypes) & set(FP8_KV_CACHE_DTYPES) else "declares no fp8 kv_cache_dtype"
+    if feature == "single_kv_head":
+        return None if 1 in caps.num_kv_heads else "does not declare num_kv_heads=1"
+    if feature == "gpu":
+        return None if _device(config).startswith("cuda") else "runs without a GPU here"
+    raise ValueError(f"kvc_needs: unknown feature {feature!r}")
+
+
+def pytest_collection_modifyitems(config, items):
+    standard = config.getoption("standard")
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or "case_param" not in callspec.params:
+            continue
+        loaded, layout = callspec.params["case_param"]
+        family = next((m.name for m in item.iter_markers() if m.name in FAMILIES), "other")
+        item.user_properties += [("backend", loaded.name), ("family", family), ("check", item.originalname)]
+        reason = _not_applicable(item, loaded, layout, standard)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=NOT_APPLICABLE + reason))
+
+
+@pytest.fixture
+def case_param(request):
+    return request.param
+
+
+@pytest.fixture
+def case(request, case_param):
+    from conformance.harness import Case
+
+    loaded, layout = case_param
+    if loaded.backend is None:
+        pytest.fail(f"backend {loaded.name} failed to load: {loaded.error}", pytrace=False)
+    seed = request.config.getoption("seed")
+    torch.manual_seed(seed)
+
+    def record(key, value):
+        request.node.user_properties.append((key, value))
+
+    return Case(
+        backend=loaded.backend, layout=layout, device=_device(request.config), seed=seed,
+        standard=request.config.getoption("standard"), nodeid=request.node.nodeid, record=record,
+    )
