@@ -15,15 +15,17 @@ import platform
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from backends_under_test import registry
 from reports.results import NOT_APPLICABLE, ResultRecorder
 
 FAMILIES = ("shape", "split", "write", "shuffle", "swap", "copy", "read", "gating")
+# quick: a cheap verdict — few examples, failing examples reported as found (no shrinking);
+# full: thorough, and failures shrink to a minimal example.
 PROFILES = {
-    "quick": dict(max_examples=4),
-    "full": dict(max_examples=60),
+    "quick": dict(max_examples=6, phases=(Phase.explicit, Phase.generate)),
+    "full": dict(max_examples=80),
 }
 
 
@@ -42,7 +44,7 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{family}: kvconform check family {family}")
     config.addinivalue_line("markers", "kvc_op(name): needs the backend to declare op NAME")
     config.addinivalue_line("markers", "kvc_layouts(kind): which declared layouts to run on: all | tiled | standard | none")
-    config.addinivalue_line("markers", "kvc_needs(feature): needs fp8 | single_kv_head | gpu")
+    config.addinivalue_line("markers", "kvc_needs(feature): needs fp8 | single_kv_head | standard_e1 | gpu")
     seed = config.getoption("seed")
     settings.register_profile(
         "kvconform", database=None, deadline=None, derandomize=False,
@@ -169,6 +171,8 @@ def _missing(feature: str, caps, config) -> str | None:
         return None if set(caps.kv_cache_dtypes) & set(FP8_KV_CACHE_DTYPES) else "declares no fp8 kv_cache_dtype"
     if feature == "single_kv_head":
         return None if 1 in caps.num_kv_heads else "does not declare num_kv_heads=1"
+    if feature == "standard_e1":
+        return None if config.getoption("standard") == "e1" else "is checked against --standard e3 (check is E1-specific)"
     if feature == "gpu":
         return None if _device(config).startswith("cuda") else "runs without a GPU here"
     raise ValueError(f"kvc_needs: unknown feature {feature!r}")

@@ -77,5 +77,16 @@ class ReferenceBackend(Backend):
         return all(R.is_block_compact(R.offset_map(layout, _PROBE)) for layout in self.capabilities.layouts)
 
 
+def kv_first_model() -> ReferenceBackend:
+    """A faithful ROCM_ATTN model: kv-first ``(2, B, N, H, D)``, no standard, gated off connectors."""
+    return ReferenceBackend(layouts=(R.kv_first("NHD"), R.kv_first("HND")), standards=frozenset())
+
+
+def e3_model() -> ReferenceBackend:
+    """vLLM 0.33.0's ``[L, B, H, N, C]`` standard: three connector-friendly permutations + 2-slot shuffle."""
+    layouts = (R.standardized("LBNHC"), R.standardized("LBHNC"), R.standardized("BLHNC"), R.standardized("LBHNC", spec="two_slot", shuffle=True))
+    return ReferenceBackend(layouts=layouts, standards=frozenset({"e3"}))
+
+
 # Small geometry used to read layout facts (§A.1: probe, never guess from a live tensor).
 _PROBE = R.Geometry(num_blocks=3, block_size=16, num_kv_heads=2, head_size=16, dtype=torch.bfloat16)

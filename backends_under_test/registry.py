@@ -13,6 +13,8 @@ from .contract import Backend
 
 BUILTIN = {
     "reference": "backends_under_test.reference_backend:ReferenceBackend",
+    "reference_kv_first": "backends_under_test.reference_backend:kv_first_model",
+    "reference_e3": "backends_under_test.reference_backend:e3_model",
 }
 MUTANT_PREFIX = "mutant:"
 
@@ -35,7 +37,7 @@ def registered() -> dict[str, str]:
     from .mutants import MUTANTS
 
     names = {**entry_points(), **BUILTIN}
-    names.update({MUTANT_PREFIX + m: f"backends_under_test.mutants:{cls.__name__}" for m, cls in MUTANTS.items()})
+    names.update({MUTANT_PREFIX + m: f"backends_under_test.mutants:{cls.__name__}" for m, cls in MUTANTS.items()})  # shown in usage errors
     return names
 
 
@@ -55,6 +57,12 @@ def _target(name: str) -> str:
 def load(name: str) -> Loaded:
     """Import and instantiate; any failure becomes ``Loaded.error`` with the traceback tail."""
     try:
+        if name.startswith(MUTANT_PREFIX):
+            from .mutants import MUTANTS
+
+            backend = MUTANTS[name[len(MUTANT_PREFIX):]]()
+            backend.name = name
+            return Loaded(name, backend=backend)
         module_name, _, attr = _target(name).partition(":")
         if not attr:
             raise ValueError(f"backend {name!r}: expected a registered name or 'pkg.module:attr'")

@@ -31,6 +31,11 @@ class Arena:
         """The cache bytes (no guards), as the reference sees them."""
         return self.buffer[GUARD : GUARD + self.spec.layout.nbytes(self.spec.geometry)]
 
+    def strided(self, shape, strides, element_offset: int = 0) -> torch.Tensor:
+        """A view of the cache region as integers of the cache element size, like a tensor view."""
+        bits = self.region.view(R.bits_dtype(self.spec.geometry.dtype))
+        return bits.as_strided(shape, strides, bits.storage_offset() + element_offset)
+
     def snapshot(self) -> "Arena":
         """A CPU copy for the reference to operate on."""
         return Arena(self.buffer.detach().cpu().clone(), self.spec)

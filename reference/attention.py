@@ -31,7 +31,8 @@ def gather_sequence_kv(storage, layout: Layout, g: Geometry, block_table, seq_le
             slot=(positions % N)[None, :, None, None], head=torch.arange(H)[:, None], dim=torch.arange(D),
         )
         raw = bits[offs.to(bits.device)].view(g.dtype)
-        out.append(decode(raw, g, scale, head_dim=2))
+        # Positions past a sequence read block 0's bytes; zero them so NaN garbage cannot leak.
+        out.append(decode(raw, g, scale, head_dim=2).masked_fill(~valid[..., None, None].to(bits.device), 0.0))
     return out[0], out[1], valid.to(bits.device)
 
 

@@ -20,7 +20,8 @@ def test_paged_decode_attention_equals_sdpa(key, data):
     group = data.draw(st.sampled_from([1, 3]), label="gqa group")
     blocks = torch.randperm(g.num_blocks, generator=torch.Generator().manual_seed(len(seq_lens)))
     table = torch.zeros(len(seq_lens), 3, dtype=torch.int64)
-    storage = torch.zeros(layout.nbytes(g), dtype=torch.uint8)
+    # Random bytes: positions past a sequence must not leak NaN garbage into the output.
+    storage = torch.randint(0, 256, (layout.nbytes(g),), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     dense, used = [], 0
     for s, length in enumerate(seq_lens):
         k, v = torch.randn(2, length, g.num_kv_heads, g.head_size).unbind(0)

@@ -1,0 +1,45 @@
+"""Check 8 — connector gating: a backend whose cache is not blocks-first with one region per
+block must declare ``supports_kv_connector() == False`` and reject a connector configuration
+with "KV connector not supported"; a blocks-first backend must not (LAYOUT_SPEC §C, F.1, F.17)."""
+
+import pytest
+
+import reference as R
+from backends_under_test.contract import CONNECTOR_NOT_SUPPORTED
+
+from .assertions import assert_equal
+
+pytestmark = [pytest.mark.gating, pytest.mark.kvc_layouts("none")]
+
+
+def shippable_layouts(case) -> dict[str, bool]:
+    """Per declared layout: blocks-first and one contiguous region per block (what connectors ship)."""
+    out = {}
+    for layout in case.backend.capabilities.layouts:
+        g = case.geometry(kv_cache_dtype="auto", num_blocks=3, num_layers=1)
+        omap = R.offset_map(layout, g)
+        out[str(layout)] = R.is_blocks_first(omap) and R.is_block_compact(omap)
+    return out
+
+
+def supported_configuration(case) -> dict:
+    caps = case.backend.capabilities
+    return dict(head_size=caps.head_sizes[0], dtype=caps.dtypes[0], kv_cache_dtype=caps.kv_cache_dtypes[0], block_size=caps.block_sizes[0])
+
+
+def test_connector_support_matches_the_layouts(case):
+    layouts = shippable_layouts(case)
+    declared = case.backend.supports_kv_connector()
+    assert_equal("gating", case, all(layouts.values()), declared, f"supports_kv_connector() for layouts {layouts}")
+
+
+@pytest.mark.parametrize("use_kv_connector", [True, False], ids=["connector", "no-connector"])
+def test_connector_configuration_is_rejected_iff_unsupported(case, use_kv_connector):
+    reasons = case.backend.validate_configuration(**supported_configuration(case), use_kv_connector=use_kv_connector)
+    expected = use_kv_connector and not all(shippable_layouts(case).values())
+    assert_equal("gating", case, expected, CONNECTOR_NOT_SUPPORTED in reasons, f"'{CONNECTOR_NOT_SUPPORTED}' in validate_configuration(...) = {reasons}")
+
+
+def test_supported_configuration_has_no_other_reasons(case):
+    reasons = case.backend.validate_configuration(**supported_configuration(case), use_kv_connector=False)
+    assert_equal("gating", case, [], reasons, "validate_configuration for a declared configuration")

@@ -1,0 +1,52 @@
+"""Check 4 — the AITER shuffled writer puts K in ``[H, D/x, N, x]`` and V in ``[H, N/x, D, x]``
+tiles at each side's block base, honouring the K and V block strides of a blocks-first cache
+(2× the plane), with x from the *cache* dtype (16 for fp8), touching nothing else
+(LAYOUT_SPEC §A.5, §B.5; pitfalls F.5, F.7)."""
+
+import pytest
+import torch
+
+from .assertions import assert_bytes_equal
+from .harness import FP8_KV_CACHE_DTYPES, token_rows
+from .ops import run_write, synchronize
+from .strategies import geometry_choices
+
+pytestmark = [pytest.mark.shuffle, pytest.mark.kvc_op("write"), pytest.mark.kvc_layouts("tiled")]
+
+
+def shuffled_write(case, spec, key, value, slots, note):
+    arena = case.allocate(spec)
+    expected = run_write(case, arena, key, value, slots, torch.tensor([2.0]), torch.tensor([0.5]))
+    synchronize(case)
+    assert_bytes_equal("shuffle", case, expected, arena, note)
+
+
+def last_rows_of_every_block(g):
+    """Slot N-1 of every block ≥ 2 and slot 0 of block 2: the tile's corners."""
+    return torch.tensor([b * g.block_size + g.block_size - 1 for b in range(2, g.num_blocks)] + [2 * g.block_size])
+
+
+def test_shuffled_tiles_stay_inside_their_block_and_side(case):
+    spec = case.spec(case.geometry())
+    slots = last_rows_of_every_block(spec.geometry)
+    key, value = token_rows(spec, len(slots), case.seed)
+    shuffled_write(case, spec, key, value, slots, "last row of every block")
+
+
+def test_v_is_written_in_the_v_tile_not_the_k_tile(case):
+    spec = case.spec(case.geometry())
+    key, _ = token_rows(spec, 7, case.seed)
+    slots = torch.arange(7) * 3 + 2 * spec.geometry.block_size + 1
+    shuffled_write(case, spec, key, key.clone(), slots, "identical K and V data")
+
+
+@pytest.mark.kvc_needs("fp8")
+def test_fp8_tiles_use_x_from_the_cache_dtype(case):
+    choices = geometry_choices(case, FP8_KV_CACHE_DTYPES)
+    if not choices:
+        pytest.fail("backend declares fp8 but no fp8 geometry its tiled layout can hold")
+    model_dtype, kv_cache_dtype, g = choices[0]
+    spec = case.spec(g, kv_cache_dtype, model_dtype)
+    key, value = token_rows(spec, 6, case.seed)
+    slots = torch.arange(6) * 5 + 2 * g.block_size
+    shuffled_write(case, spec, key, value, slots, f"fp8 cache: x = 16 // {g.element_size} = {g.x}")

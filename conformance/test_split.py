@@ -1,0 +1,66 @@
+"""Check 2 — splitting the cache into K and V gives zero-copy views: same storage, V one
+plane after K, block stride twice the plane (E1 ``unbind(1)``), and a write through a view
+lands in the cache (LAYOUT_SPEC §B.6; pitfall F.6)."""
+
+import pytest
+import torch
+
+import reference as R
+
+from .assertions import assert_bytes_equal, assert_equal
+from .harness import Arena, Case
+
+pytestmark = [pytest.mark.split, pytest.mark.kvc_op("split"), pytest.mark.kvc_layouts("standard")]
+
+
+def expected_side(case: Case, spec, view: torch.Tensor, kv: int):
+    """(shape, strides, byte offset) the spec gives for a 4-D container or a 5-D tile view."""
+    layout = spec.layout
+    if layout.container is not None and view.dim() == 4:
+        layout = layout.container
+    shape, strides, offset = layout.side_view(spec.geometry, kv)
+    return shape, strides, offset * spec.geometry.element_size
+
+
+def split_of(case: Case):
+    spec = case.spec(case.geometry())
+    arena = case.allocate(spec)
+    return spec, arena, case.backend.split(arena.cache, spec)
+
+
+def test_split_views_share_the_cache_storage(case):
+    spec, arena, views = split_of(case)
+    for kv, view in enumerate(views):
+        _, _, offset = expected_side(case, spec, view, kv)
+        name = "KV"[kv]
+        assert_equal("split", case, arena.cache.untyped_storage().data_ptr(), view.untyped_storage().data_ptr(), f"{name} storage")
+        assert_equal("split", case, arena.region.data_ptr() + offset, view.data_ptr(), f"{name}.data_ptr() (cache start + {offset} bytes)")
+
+
+def test_split_views_have_the_layout_strides(case):
+    spec, _, views = split_of(case)
+    for kv, view in enumerate(views):
+        shape, strides, _ = expected_side(case, spec, view, kv)
+        assert_equal("split", case, (shape, strides), (tuple(view.shape), view.stride()), f"{'KV'[kv]} (shape, strides)")
+
+
+@pytest.mark.kvc_needs("standard_e1")
+def test_e1_block_stride_is_twice_the_plane(case):
+    spec, _, views = split_of(case)
+    g = spec.geometry
+    plane = g.block_size * g.num_kv_heads * g.head_size
+    for kv, view in enumerate(views):
+        assert_equal("split", case, 2 * plane + spec.layout.block_pad, view.stride(0), f"{'KV'[kv]}.stride(0)")
+    assert_equal("split", case, plane * g.element_size, views[1].data_ptr() - views[0].data_ptr(), "V - K data_ptr")
+
+
+def test_writes_through_split_views_reach_the_cache(case):
+    spec, arena, views = split_of(case)
+    expected = arena.snapshot()
+    bits = R.bits_dtype(spec.geometry.dtype)
+    for kv, view in enumerate(views):
+        pattern = torch.arange(view.numel()).remainder(127).add(64 * kv).view(view.shape).to(bits)
+        view.view(bits).copy_(pattern.to(view.device))
+        shape, strides, offset = expected_side(case, spec, view, kv)
+        expected.strided(shape, strides, offset // spec.geometry.element_size).copy_(pattern)
+    assert_bytes_equal("split", case, expected, arena, "a write through K/V must be visible in the cache")

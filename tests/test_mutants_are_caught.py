@@ -1,0 +1,62 @@
+"""Every seeded fault is caught by the check family it is aimed at, and every correct
+backend passes: the suite's own proof that its checks can fail."""
+
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from backends_under_test.mutants import MUTANTS
+
+ROOT = Path(__file__).resolve().parents[1]
+CORRECT = {"reference": "e1", "reference_kv_first": "e1", "reference_e3": "e3"}
+
+
+def run_suite(tmp_path_factory, backends, standard):
+    out = tmp_path_factory.mktemp("suite") / "results.json"
+    cmd = [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider",
+           "--backend", ",".join(backends), "--standard", standard, "--kvc-json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert out.exists(), f"suite wrote no results (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    outcomes = defaultdict(lambda: defaultdict(list))
+    for record in json.loads(out.read_text())["tests"]:
+        outcomes[record["backend"]][record["family"]].append((record["outcome"], record["nodeid"], record["message"]))
+    return outcomes
+
+
+@pytest.fixture(scope="module")
+def e1_results(tmp_path_factory):
+    names = [f"mutant:{m}" for m in MUTANTS] + [b for b, s in CORRECT.items() if s == "e1"]
+    return run_suite(tmp_path_factory, names, "e1")
+
+
+@pytest.fixture(scope="module")
+def e3_results(tmp_path_factory):
+    return run_suite(tmp_path_factory, [b for b, s in CORRECT.items() if s == "e3"], "e3")
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+def test_mutant_is_caught_by_its_check_family(e1_results, mutant):
+    families = e1_results[f"mutant:{mutant}"]
+    assert families, f"mutant:{mutant} produced no results"
+    for family in MUTANTS[mutant].catches:
+        failed = [r for r in families[family] if r[0] in ("failed", "error")]
+        assert failed, f"mutant:{mutant} survived the '{family}' checks: {families[family]}"
+
+
+@pytest.mark.parametrize("backend", sorted(CORRECT))
+def test_correct_backends_pass_every_applicable_check(e1_results, e3_results, backend):
+    results = (e3_results if CORRECT[backend] == "e3" else e1_results)[backend]
+    bad = [r for family in results.values() for r in family if r[0] not in ("passed", "not-applicable")]
+    assert results and not bad, f"{backend}: {bad[:3]}"
+    assert any(r[0] == "passed" for family in results.values() for r in family)
+
+
+def test_kv_first_backend_is_gated_not_failed(e1_results):
+    gating = e1_results["reference_kv_first"]["gating"]
+    assert gating and all(outcome == "passed" for outcome, _, _ in gating)
+    shape = e1_results["reference_kv_first"]["shape"]
+    assert shape and all(outcome == "not-applicable" for outcome, _, _ in shape)
