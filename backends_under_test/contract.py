@@ -70,6 +70,9 @@ class Backend(abc.ABC):
     platform: str = "cpu"  # "cuda" | "rocm" | "cpu"
     device: str = "cpu"
 
+    def __repr__(self) -> str:  # stable across runs (results must not differ by object address)
+        return f"<backend {getattr(self, 'name', type(self).__name__)}>"
+
     @property
     @abc.abstractmethod
     def capabilities(self) -> Capabilities: ...

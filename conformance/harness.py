@@ -53,6 +53,9 @@ class Case:
     nodeid: str
     record: callable  # record(key, value) into the test's results
 
+    def __repr__(self) -> str:  # stable across runs: reports must not differ by object addresses
+        return f"Case(backend={self.backend.name!r}, layout={str(self.layout)!r}, device={self.device!r}, seed={self.seed})"
+
     @property
     def repro(self) -> str:
         test = self.nodeid.split("::")[-1]

@@ -22,7 +22,7 @@ def test_cache_strides_are_rebuilt_from_the_declared_stride_order(case):
     arena = case.allocate(spec)
     _, strides = spec.layout.view_shape_strides(spec.geometry)
     assert_equal("shape", case, strides, tuple(arena.cache.stride()), "cache.stride()")
-    assert_equal("shape", case, arena.region.data_ptr(), arena.cache.data_ptr(), "cache.data_ptr() (start of the buffer)")
+    assert_equal("shape", case, 0, arena.cache.data_ptr() - arena.region.data_ptr(), "cache.data_ptr() - buffer start, bytes")
 
 
 def test_blocks_are_outermost_and_each_block_is_one_region(case):
