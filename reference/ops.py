@@ -96,21 +96,30 @@ def reshape_and_cache(
         _scatter(bits, rows[:, side], inner[side], data)
 
 
-def _scatter(bits: torch.Tensor, rows: torch.Tensor, inner: torch.Tensor, data: torch.Tensor) -> None:
-    """``bits[rows[t] + inner[h, d]] = data[t, h, d]``, a whole head row at a time when possible."""
+def _run_length(rows: torch.Tensor, inner: torch.Tensor) -> int:
+    """Longest run ``r`` (a divisor of D) of consecutive dims stored contiguously and r-aligned."""
     D = inner.shape[-1]
-    run_aligned = (
-        torch.equal(inner, inner[:, :1] + torch.arange(D))
-        and bool((inner[:, 0] % D == 0).all())
-        and bool((rows % D == 0).all())
-    )
-    device = bits.device
-    if run_aligned:
-        whole = bits.numel() - bits.numel() % D
-        head_rows = (rows[:, None] + inner[None, :, 0]) // D
-        bits[:whole].view(-1, D).index_put_((head_rows.to(device),), data)
-    else:
-        bits.index_put_(((rows[:, None, None] + inner[None]).to(device),), data)
+    for r in (r for r in range(D, 0, -1) if D % r == 0):
+        lane = torch.arange(D) % r
+        if (
+            torch.equal(inner, inner[..., torch.arange(D) - lane] + lane)
+            and bool((inner % r == lane).all())
+            and bool((rows % r == 0).all())
+        ):
+            return r
+    return 1
+
+
+def _scatter(bits: torch.Tensor, rows: torch.Tensor, inner: torch.Tensor, data: torch.Tensor) -> None:
+    """``bits[rows[t] + inner[h, d]] = data[t, h, d]``, moving the longest contiguous runs at once."""
+    r = _run_length(rows, inner)
+    T, H, D = data.shape
+    if r == 1:
+        bits.index_put_(((rows[:, None, None] + inner[None]).to(bits.device),), data)
+        return
+    whole = bits.numel() - bits.numel() % r
+    run_index = (rows[:, None, None] + inner[None, :, ::r]) // r  # (T, H, D/r)
+    bits[:whole].view(-1, r).index_put_((run_index.to(bits.device),), data.reshape(T, H, D // r, r))
 
 
 def read_logical(storage: torch.Tensor, layout: Layout, g: Geometry, blocks=None) -> torch.Tensor:
