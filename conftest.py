@@ -11,10 +11,14 @@
 
 from __future__ import annotations
 
+import os
 import platform
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():  # Triton kernels run on CPU through the interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from hypothesis import HealthCheck, Phase, settings
 
 from backends_under_test import registry
@@ -44,7 +48,7 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{family}: kvconform check family {family}")
     config.addinivalue_line("markers", "kvc_op(name): needs the backend to declare op NAME")
     config.addinivalue_line("markers", "kvc_layouts(kind): which declared layouts to run on: all | tiled | standard | none")
-    config.addinivalue_line("markers", "kvc_needs(feature): needs fp8 | single_kv_head | standard_e1 | gpu")
+    config.addinivalue_line("markers", "kvc_needs(feature): needs fp8 | single_kv_head | standard_e1 | gpu | memory_2_31")
     seed = config.getoption("seed")
     settings.register_profile(
         "kvconform", database=None, deadline=None, derandomize=False,
@@ -175,6 +179,9 @@ def _missing(feature: str, caps, config) -> str | None:
         return None if config.getoption("standard") == "e1" else "is checked against --standard e3 (check is E1-specific)"
     if feature == "gpu":
         return None if _device(config).startswith("cuda") else "runs without a GPU here"
+    if feature == "memory_2_31":  # cache past 2^31 elements + its reference copy
+        free = torch.cuda.mem_get_info()[0] if _device(config).startswith("cuda") else 0
+        return None if free >= 12 << 30 else "skipped by memory: a cache past 2^31 elements needs a GPU with >= 12 GiB free"
     raise ValueError(f"kvc_needs: unknown feature {feature!r}")
 
 

@@ -18,6 +18,7 @@ from backends_under_test.contract import Backend, CacheSpec
 
 GUARD = 256  # bytes before and after every cache; a multiple of every element size
 FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+HUGE_BYTES = 1 << 30  # arenas past this are filled on the device, not copied from the host
 
 
 @dataclasses.dataclass
@@ -36,9 +37,10 @@ class Arena:
         bits = self.region.view(R.bits_dtype(self.spec.geometry.dtype))
         return bits.as_strided(shape, strides, bits.storage_offset() + element_offset)
 
-    def snapshot(self) -> "Arena":
-        """A CPU copy for the reference to operate on."""
-        return Arena(self.buffer.detach().cpu().clone(), self.spec)
+    def snapshot(self, on_device: bool = False) -> "Arena":
+        """A copy for the reference to operate on (on the CPU unless ``on_device``)."""
+        buffer = self.buffer.detach()
+        return Arena(buffer.clone() if on_device else buffer.cpu().clone(), self.spec)
 
 
 @dataclasses.dataclass
@@ -85,8 +87,9 @@ class Case:
     def allocate(self, spec: CacheSpec, *, host: bool = False, seed_offset: int = 0) -> Arena:
         """A guarded, random-filled arena with the backend's cache built over its middle."""
         nbytes = spec.layout.nbytes(spec.geometry)
-        gen = torch.Generator().manual_seed(self.seed * 7919 + seed_offset)
-        data = torch.randint(0, 256, (2 * GUARD + nbytes,), dtype=torch.uint8, generator=gen)
+        fill_device = self.device if nbytes > HUGE_BYTES and not host else "cpu"
+        gen = torch.Generator(fill_device).manual_seed(self.seed * 7919 + seed_offset)
+        data = torch.randint(0, 256, (2 * GUARD + nbytes,), dtype=torch.uint8, generator=gen, device=fill_device)
         if host:
             buffer = data.pin_memory() if torch.cuda.is_available() else data
         else:

@@ -9,10 +9,10 @@ import reference as R
 from .harness import Arena, Case
 
 
-def run_write(case: Case, arena: Arena, key, value, slot_mapping, k_scale, v_scale) -> Arena:
+def run_write(case: Case, arena: Arena, key, value, slot_mapping, k_scale, v_scale, *, on_device: bool = False) -> Arena:
     """Backend ``write`` into ``arena``; returns the reference's expected arena."""
     spec = arena.spec
-    expected = arena.snapshot()
+    expected = arena.snapshot(on_device)
     R.reshape_and_cache(key.cpu(), value.cpu(), expected.region, spec.layout, spec.geometry, slot_mapping.cpu(), k_scale=k_scale, v_scale=v_scale)
     dev = case.device
     case.backend.write(

@@ -2,6 +2,8 @@
 and nothing else changes: not other slots, blocks or the other plane, not padding, not the
 guard bytes before and after the cache (LAYOUT_SPEC §B.1–§B.4)."""
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given
@@ -77,3 +79,19 @@ def test_fp8_codes_equal_the_reference_encoder_for_edge_values(case, data):
     key, value = fp8_edge_rows(spec, 8, case.seed, float(k_scale), float(v_scale))
     slots = torch.arange(8) * 2 + spec.geometry.block_size * 2
     write_and_compare(case, spec, key, value, slots, k_scale, v_scale, "fp8 −0, ±max, beyond max, ties")
+
+
+@pytest.mark.kvc_needs("memory_2_31")
+def test_last_block_of_a_cache_past_2_31_elements_is_written(case):
+    caps = case.backend.capabilities
+    probe = case.geometry(num_blocks=1, head_size=max(caps.head_sizes), num_kv_heads=max(caps.num_kv_heads))
+    per_block = 2 * probe.block_size * probe.num_kv_heads * probe.head_size
+    g = dataclasses.replace(probe, num_blocks=(1 << 31) // per_block + 2)  # offsets of the last block exceed int32
+    spec = case.spec(g)
+    last = g.num_blocks - 1
+    slots = torch.tensor([last * g.block_size + g.block_size - 1, last * g.block_size, g.block_size + 3, -1])
+    key, value = token_rows(spec, 4, case.seed)
+    arena = case.allocate(spec)
+    expected = run_write(case, arena, key, value, slots, torch.ones(1), torch.ones(1), on_device=True)
+    synchronize(case)
+    assert_bytes_equal("write", case, expected, arena, f"{g.num_blocks} blocks, last block at element {last * per_block} > 2^31")

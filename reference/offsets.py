@@ -45,26 +45,30 @@ def offset_map(layout: Layout, g: Geometry, blocks=None) -> torch.Tensor:
     return layout.offsets(g, **grid).expand(shape).contiguous()
 
 
-def coordinates_of(layout: Layout, g: Geometry, element_offsets: torch.Tensor) -> list[dict | None]:
-    """Inverse map: logical coordinates of each physical element offset (None if unmapped)."""
-    omap = offset_map(layout, g).flatten()
-    order = torch.argsort(omap)
+def coordinates_of(layout: Layout, g: Geometry, element_offsets, chunk_elements: int = 1 << 24) -> list[dict | None]:
+    """Inverse map: logical coordinates of each physical element offset (None if unmapped).
+
+    Works block-chunk by block-chunk so that huge caches never materialise their whole map.
+    """
     wanted = torch.as_tensor(element_offsets, dtype=torch.int64).flatten()
-    pos = torch.searchsorted(omap[order], wanted).clamp(max=omap.numel() - 1)
-    hits = omap[order][pos] == wanted
-    flat_index = order[pos]
-    shape = logical_shape(g)
-    out = []
-    for hit, index in zip(hits.tolist(), flat_index.tolist()):
-        if not hit:
-            out.append(None)
-            continue
-        coord = {}
-        for name, size in zip(reversed(LOGICAL_DIMS), reversed(shape)):
-            coord[name] = index % size
-            index //= size
-        out.append({name: coord[name] for name in LOGICAL_DIMS})
-    return out
+    found: list[dict | None] = [None] * wanted.numel()
+    per_block = g.num_layers * 2 * g.block_size * g.num_kv_heads * g.head_size
+    step = max(1, chunk_elements // per_block)
+    for first in range(0, g.num_blocks, step):
+        blocks = torch.arange(first, min(first + step, g.num_blocks))
+        omap = offset_map(layout, g, blocks)
+        flat = omap.flatten()
+        order = torch.argsort(flat)
+        pos = torch.searchsorted(flat[order], wanted).clamp(max=flat.numel() - 1)
+        hits = flat[order][pos] == wanted
+        for i in torch.nonzero(hits).flatten().tolist():
+            index = int(order[pos[i]])
+            coord = dict(zip(LOGICAL_DIMS, (int(c) for c in torch.unravel_index(torch.tensor(index), omap.shape))))
+            coord["block"] = int(blocks[coord["block"]])
+            found[i] = coord
+        if all(c is not None for c in found):
+            break
+    return found
 
 
 # ------------------------------------------------------------------------- facts

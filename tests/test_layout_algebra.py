@@ -175,3 +175,14 @@ def test_names_say_the_physical_shape():
     assert R.blocks_first("HND").name == "E1[B,2,H,N,D]"
     assert R.aiter_shuffle().name == "AITER[B,2,H|D/x,N,x|N/x,D,x]"
     assert R.standardized("NHD").name == "E3[L,B,N,H,2,D]"
+
+
+@pytest.mark.parametrize("key", ["E1:HND", "AITER:shuffle-blocks_first", "E3:BHLNC"])
+def test_coordinates_of_inverts_the_offset_map_chunk_by_chunk(key):
+    layout = LAYOUTS[key]
+    g = R.Geometry(num_blocks=5, block_size=16, num_kv_heads=2, head_size=16, dtype=torch.bfloat16, num_layers=2 if "L" in layout.k_dims else 1)
+    omap = R.offset_map(layout, g)
+    picks = [(0, 4, 1, 15, 1, 15), (g.num_layers - 1, 2, 0, 3, 0, 9), (0, 0, 0, 0, 0, 0)]
+    offsets = [int(omap[p]) for p in picks] + [layout.numel(g) + 5]
+    found = R.coordinates_of(layout, g, offsets, chunk_elements=100)
+    assert [tuple(c.values()) if c else None for c in found] == picks + [None]

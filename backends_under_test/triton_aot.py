@@ -1,0 +1,75 @@
+"""Compile the portable kernels ahead of time for sm90, gfx942 (fnuz) and gfx950 (OCP fp8).
+
+``python -m backends_under_test.triton_aot`` needs no GPU: Triton's bundled toolchain emits
+PTX / AMDGCN, which shows the kernels use no CUDA-only construct. It must run with
+``TRITON_INTERPRET`` unset (interpreted kernels cannot be compiled).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+
+TARGET_SPECS = {  # arch: (backend, arch id, warp size, fp8 pointer type name, fp8 tl dtype name)
+    "sm90": ("cuda", 90, 32, "fp8e4nv", "float8e4nv"),
+    "gfx942": ("hip", "gfx942", 64, "fp8e4b8", "float8e4b8"),
+    "gfx950": ("hip", "gfx950", 64, "fp8e4nv", "float8e4nv"),
+}
+WRITE_ARGS = ("key_ptr", "value_ptr", "k_cache_ptr", "v_cache_ptr", "slot_ptr", "k_scale_ptr", "v_scale_ptr",
+              "key_stride_t", "key_stride_h", "value_stride_t", "value_stride_h",
+              "k_block_stride", "k_slot_stride", "k_head_stride", "v_block_stride", "v_slot_stride", "v_head_stride")
+DECODE_ARGS = ("q_ptr", "out_ptr", "k_cache_ptr", "v_cache_ptr", "table_ptr", "seq_lens_ptr", "k_scale_ptr", "v_scale_ptr",
+               "q_stride_s", "q_stride_h", "out_stride_s", "out_stride_h", "table_stride_s",
+               "k_block_stride", "k_slot_stride", "k_head_stride", "v_block_stride", "v_slot_stride", "v_head_stride", "scale")
+
+
+def _compile(fn, names, types, constexprs, target):
+    import triton
+
+    signature = dict(zip(names, types)) | {name: "constexpr" for name in constexprs}
+    return triton.compile(triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target)
+
+
+def compile_all() -> list[tuple[str, str, str]]:
+    """(arch, kernel variant, "ok" or the error) for every kernel form on every target."""
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+
+    from . import triton_kernels as K
+
+    results = []
+    forms = {"strided": K.STRIDED, "x-tiles": K.X_TILES, "legacy": K.LEGACY}
+    for arch, (backend, arch_id, warp, fp8_ptr, fp8_name) in TARGET_SPECS.items():
+        target, fp8 = GPUTarget(backend, arch_id, warp), getattr(tl, fp8_name)
+        for (form_name, form), quant in itertools.product(forms.items(), (False, True)):
+            cache, source = (f"*{fp8_ptr}", "*bf16") if quant else ("*i16", "*i16")
+            jobs = [(f"write-{form_name}-{'fp8' if quant else 'bitcopy'}", K.reshape_and_cache_kernel, WRITE_ARGS,
+                     [source, source, cache, cache, "*i64", "*fp32", "*fp32"] + ["i64"] * 10,
+                     dict(BLOCK_SIZE=16, HEAD_SIZE=128, BLOCK_D=128, FORM=form, X=16 if quant else 8, QUANT=quant,
+                          PER_HEAD_SCALE=True, OUT=fp8, MAN_BITS=3, MIN_NORMAL=2.0**-6, SUB_ULP=2.0**-9, MAX=448.0))]
+            if quant:
+                jobs.append((f"decode-{form_name}-fp8", K.paged_decode_kernel, DECODE_ARGS,
+                             ["*bf16", "*bf16", f"*{fp8_ptr}", f"*{fp8_ptr}", "*i64", "*i64", "*fp32", "*fp32"] + ["i64"] * 11 + ["fp32"],
+                             dict(QUERIES_PER_KV=2, BLOCK_SIZE=16, HEAD_SIZE=128, BLOCK_D=128, FORM=form, X=16, DEQUANT=True, PER_HEAD_SCALE=False)))
+            for name, fn, names, types, constexprs in jobs:
+                try:
+                    _compile(fn, names, types, constexprs, target)
+                    results.append((arch, name, "ok"))
+                except Exception as exc:  # noqa: BLE001 - reported per variant
+                    results.append((arch, name, f"{type(exc).__name__}: {str(exc).splitlines()[-1][:200]}"))
+    return results
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("triton_aot: unset TRITON_INTERPRET (interpreted kernels cannot be compiled)", file=sys.stderr)
+        return 2
+    results = compile_all()
+    for arch, name, status in results:
+        print(f"{arch:7s} {name:28s} {status}")
+    return 0 if all(status == "ok" for *_, status in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""Portable Triton kernels for blocks-first KV caches: writers, shuffled writers, paged decode.
+
+No CUDA-only constructs: they compile for NVIDIA and ROCm and run on CPU under
+``TRITON_INTERPRET=1``. Every address is computed in int64 from the tensors' strides (the slot
+is widened before any multiply), so caches past 2^31 elements work (pitfall F.2).
+
+fp8 rounding is done in software (round-to-nearest-even onto the format's grid, saturating)
+before the cast, so the cast is exact everywhere: the Triton interpreter's own fp32→fp8 cast
+rounds ties away from zero (17.0 → e4m3 18.0), which hardware ``cvt.rn`` does not.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# K/V address forms inside a block (LAYOUT_SPEC §A.2, §A.4, §A.5).
+STRIDED, X_TILES, LEGACY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+
+# torch fp8 dtype -> (Triton dtype, mantissa bits, smallest normal, subnormal spacing, max finite)
+FP8 = {
+    torch.float8_e4m3fn: (tl.float8e4nv, 3, 2.0**-6, 2.0**-9, 448.0),
+    torch.float8_e4m3fnuz: (tl.float8e4b8, 3, 2.0**-7, 2.0**-10, 240.0),
+    torch.float8_e5m2: (tl.float8e5, 2, 2.0**-14, 2.0**-16, 57344.0),
+}
+
+
+@triton.jit
+def _round_to_fp8_grid(x, MAN_BITS: tl.constexpr, MIN_NORMAL: tl.constexpr, SUB_ULP: tl.constexpr, MAX: tl.constexpr):
+    """Saturate to ±MAX, then round-to-nearest-even onto the fp8 grid, in fp32; NaN kept."""
+    c = tl.minimum(tl.maximum(x, -MAX), MAX)
+    bits = c.to(tl.int32, bitcast=True)
+    SHIFT: tl.constexpr = 23 - MAN_BITS
+    lsb = (bits >> SHIFT) & 1
+    normal = ((bits + ((1 << (SHIFT - 1)) - 1) + lsb) & ~((1 << SHIFT) - 1)).to(tl.float32, bitcast=True)
+    magic = SUB_ULP * 8388608.0  # fp32 addition rounds |c| to a multiple of SUB_ULP (RNE)
+    a = tl.abs(c)
+    sub = (a + magic) - magic
+    sub = tl.where(bits < 0, -sub, sub)  # the sign bit: keeps -0.0
+    return tl.where(x != x, x, tl.where(a < MIN_NORMAL, sub, normal))
+
+
+@triton.jit
+def _encode(x, scale, QUANT: tl.constexpr, OUT: tl.constexpr, MAN_BITS: tl.constexpr, MIN_NORMAL: tl.constexpr, SUB_ULP: tl.constexpr, MAX: tl.constexpr):
+    if QUANT:
+        # div_rn: IEEE division, as the CUDA writers and the reference (fast division is 2 ulp off).
+        y = _round_to_fp8_grid(tl.math.div_rn(x.to(tl.float32), scale), MAN_BITS, MIN_NORMAL, SUB_ULP, MAX).to(OUT)
+    else:
+        y = x  # bit copy (both pointers are integer views)
+    return y
+
+
+@triton.jit
+def _dst_offsets(b, n, h, d, block_stride, slot_stride, head_stride, SIDE: tl.constexpr, FORM: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_SIZE: tl.constexpr, X: tl.constexpr):
+    """Element offset of (b, n, h, d) on one side; SIDE 0 = K, 1 = V."""
+    tile = h * (HEAD_SIZE * BLOCK_SIZE)
+    if FORM == STRIDED:
+        off = b * block_stride + n * slot_stride + h * head_stride + d
+    elif SIDE == 0:  # K [H, D/x, N, x]
+        off = b * block_stride + tile + (d // X) * (BLOCK_SIZE * X) + n * X + d % X
+    elif FORM == X_TILES:  # V [H, N/x, D, x]
+        off = b * block_stride + tile + (n // X) * (HEAD_SIZE * X) + d * X + n % X
+    else:  # legacy V [H, D, N]
+        off = b * block_stride + tile + d * BLOCK_SIZE + n
+    return off
+
+
+@triton.jit
+def reshape_and_cache_kernel(
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
+    key_stride_t, key_stride_h, value_stride_t, value_stride_h,
+    k_block_stride, k_slot_stride, k_head_stride,
+    v_block_stride, v_slot_stride, v_head_stride,
+    BLOCK_SIZE: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, FORM: tl.constexpr, X: tl.constexpr,
+    QUANT: tl.constexpr, PER_HEAD_SCALE: tl.constexpr,
+    OUT: tl.constexpr, MAN_BITS: tl.constexpr, MIN_NORMAL: tl.constexpr, SUB_ULP: tl.constexpr, MAX: tl.constexpr,
+):
+    """One program per (token, KV head): writes K and V rows of one head (LAYOUT_SPEC §B.3, §B.5)."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot < 0:  # padding token
+        return
+    b = slot // BLOCK_SIZE
+    n = slot % BLOCK_SIZE
+    d = tl.arange(0, BLOCK_D).to(tl.int64)
+    mask = d < HEAD_SIZE
+    scale_index = h if PER_HEAD_SCALE else 0
+    k = tl.load(key_ptr + t * key_stride_t + h * key_stride_h + d, mask=mask)
+    v = tl.load(value_ptr + t * value_stride_t + h * value_stride_h + d, mask=mask)
+    k = _encode(k, tl.load(k_scale_ptr + scale_index), QUANT, OUT, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX)
+    v = _encode(v, tl.load(v_scale_ptr + scale_index), QUANT, OUT, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX)
+    k_dst = _dst_offsets(b, n, h, d, k_block_stride, k_slot_stride, k_head_stride, 0, FORM, BLOCK_SIZE, HEAD_SIZE, X)
+    v_dst = _dst_offsets(b, n, h, d, v_block_stride, v_slot_stride, v_head_stride, 1, FORM, BLOCK_SIZE, HEAD_SIZE, X)
+    tl.store(k_cache_ptr + k_dst, k, mask=mask)
+    tl.store(v_cache_ptr + v_dst, v, mask=mask)
+
+
+@triton.jit
+def paged_decode_kernel(
+    q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, table_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr,
+    q_stride_s, q_stride_h, out_stride_s, out_stride_h, table_stride_s,
+    k_block_stride, k_slot_stride, k_head_stride,
+    v_block_stride, v_slot_stride, v_head_stride,
+    scale, QUERIES_PER_KV: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, FORM: tl.constexpr, X: tl.constexpr,
+    DEQUANT: tl.constexpr, PER_HEAD_SCALE: tl.constexpr,
+):
+    """One program per (sequence, query head): online-softmax attention over the block table."""
+    s = tl.program_id(0).to(tl.int64)
+    qh = tl.program_id(1).to(tl.int64)
+    h = qh // QUERIES_PER_KV
+    d = tl.arange(0, BLOCK_D).to(tl.int64)
+    n = tl.arange(0, BLOCK_SIZE).to(tl.int64)
+    d_ok = d < HEAD_SIZE
+    q = tl.load(q_ptr + s * q_stride_s + qh * q_stride_h + d, mask=d_ok, other=0.0).to(tl.float32)
+    seq_len = tl.load(seq_lens_ptr + s).to(tl.int64)
+    k_scale = 1.0
+    v_scale = 1.0
+    if DEQUANT:
+        k_scale = tl.load(k_scale_ptr + (h if PER_HEAD_SCALE else 0))
+        v_scale = tl.load(v_scale_ptr + (h if PER_HEAD_SCALE else 0))
+    m_i = float("-inf")
+    l_i = 0.0
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for j in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):
+        blk = tl.load(table_ptr + s * table_stride_s + j).to(tl.int64)
+        pos_ok = (j * BLOCK_SIZE + n) < seq_len
+        tile_ok = pos_ok[:, None] & d_ok[None, :]
+        k_off = _dst_offsets(blk, n[:, None], h, d[None, :], k_block_stride, k_slot_stride, k_head_stride, 0, FORM, BLOCK_SIZE, HEAD_SIZE, X)
+        v_off = _dst_offsets(blk, n[:, None], h, d[None, :], v_block_stride, v_slot_stride, v_head_stride, 1, FORM, BLOCK_SIZE, HEAD_SIZE, X)
+        k = tl.load(k_cache_ptr + k_off, mask=tile_ok, other=0.0).to(tl.float32) * k_scale
+        v = tl.load(v_cache_ptr + v_off, mask=tile_ok, other=0.0).to(tl.float32) * v_scale
+        qk = tl.where(pos_ok, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=0))
+        p = tl.exp(qk - m_new)
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        m_i = m_new
+    out = acc / l_i
+    tl.store(out_ptr + s * out_stride_s + qh * out_stride_h + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+# ------------------------------------------------------------------------------ launchers
+def _int_view(t: torch.Tensor) -> torch.Tensor:
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def _fp8_args(cache_dtype: torch.dtype) -> dict:
+    out, man, min_normal, sub_ulp, top = FP8.get(cache_dtype, (tl.int8, 3, 1.0, 1.0, 1.0))
+    return dict(OUT=out, MAN_BITS=man, MIN_NORMAL=min_normal, SUB_ULP=sub_ulp, MAX=top)
+
+
+def _cache_strides(cache: torch.Tensor, form: int) -> tuple[int, int, int]:
+    """(block, slot, head) strides of a ``(B, N, H, D)`` view; tiles need only the block stride."""
+    if form == STRIDED:
+        return cache.stride(0), cache.stride(1), cache.stride(2)
+    return cache.stride(0), 0, 0
+
+
+def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, *, form: int, block_size: int, x: int = 1) -> None:
+    """Launch the writer on K/V cache tensors whose ``stride(0)`` is the block stride.
+
+    Strided caches are ``(B, N, H, D)`` views (any strides, innermost 1); tiled caches are the
+    ``[B, H, D/x, N, x]`` / ``[B, H, N/x, D, x]`` / ``[B, H, D, N]`` views.
+    """
+    T = slot_mapping.shape[0]
+    H, D = key.shape[1], key.shape[2]
+    quant = key_cache.dtype in FP8
+    if not quant:
+        key, value, key_cache, value_cache = (_int_view(t) for t in (key, value, key_cache, value_cache))
+    if T == 0:
+        return
+    reshape_and_cache_kernel[(T, H)](
+        key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        *_cache_strides(key_cache, form), *_cache_strides(value_cache, form),
+        BLOCK_SIZE=block_size, HEAD_SIZE=D, BLOCK_D=triton.next_power_of_2(D), FORM=form, X=x,
+        QUANT=quant, PER_HEAD_SCALE=k_scale.numel() > 1, **_fp8_args(key_cache.dtype),
+    )
+
+
+def paged_decode(query, key_cache, value_cache, block_table, seq_lens, k_scale, v_scale, *, scale: float, num_kv_heads: int, form: int, block_size: int, x: int = 1) -> torch.Tensor:
+    """Decode attention for ``query [S, Hq, D]`` over the caches; returns ``[S, Hq, D]``."""
+    S, Hq, D = query.shape
+    out = torch.empty_like(query)
+    paged_decode_kernel[(S, Hq)](
+        query, out, key_cache, value_cache, block_table, seq_lens, k_scale, v_scale,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
+        *_cache_strides(key_cache, form), *_cache_strides(value_cache, form),
+        scale, QUERIES_PER_KV=Hq // num_kv_heads,
+        BLOCK_SIZE=block_size, HEAD_SIZE=D, BLOCK_D=triton.next_power_of_2(D), FORM=form, X=x,
+        DEQUANT=key_cache.dtype in FP8, PER_HEAD_SCALE=k_scale.numel() > 1,
+    )
+    return out
