@@ -19,6 +19,7 @@ TARGET_SPECS = {  # arch: (backend, arch id, warp size, fp8 pointer type name, f
 WRITE_ARGS = ("key_ptr", "value_ptr", "k_cache_ptr", "v_cache_ptr", "slot_ptr", "k_scale_ptr", "v_scale_ptr",
               "key_stride_t", "key_stride_h", "value_stride_t", "value_stride_h",
               "k_block_stride", "k_slot_stride", "k_head_stride", "v_block_stride", "v_slot_stride", "v_head_stride")
+COPY_ARGS = ("src_ptr", "dst_ptr", "src_ids_ptr", "dst_ids_ptr", "src_block_stride", "dst_block_stride", "src_region_stride", "dst_region_stride")
 DECODE_ARGS = ("q_ptr", "out_ptr", "k_cache_ptr", "v_cache_ptr", "table_ptr", "seq_lens_ptr", "k_scale_ptr", "v_scale_ptr",
                "q_stride_s", "q_stride_h", "out_stride_s", "out_stride_h", "table_stride_s",
                "k_block_stride", "k_slot_stride", "k_head_stride", "v_block_stride", "v_slot_stride", "v_head_stride", "scale")
@@ -52,6 +53,9 @@ def compile_all() -> list[tuple[str, str, str]]:
                 jobs.append((f"decode-{form_name}-fp8", K.paged_decode_kernel, DECODE_ARGS,
                              ["*bf16", "*bf16", f"*{fp8_ptr}", f"*{fp8_ptr}", "*i64", "*i64", "*fp32", "*fp32"] + ["i64"] * 11 + ["fp32"],
                              dict(QUERIES_PER_KV=2, BLOCK_SIZE=16, HEAD_SIZE=128, BLOCK_D=128, FORM=form, X=16, DEQUANT=True, PER_HEAD_SCALE=False)))
+            if form_name == "strided" and not quant:
+                jobs.append(("copy-blocks", K.copy_blocks_kernel, COPY_ARGS, ["*i64", "*i64", "*i64", "*i64"] + ["i64"] * 4,
+                             dict(REGION_LEN=1536, CHUNK=2048)))
             for name, fn, names, types, constexprs in jobs:
                 try:
                     _compile(fn, names, types, constexprs, target)

@@ -88,21 +88,26 @@ class TritonBackend(Backend):
         g = spec.geometry
         return K.paged_decode(query, k_cache, v_cache, block_table, seq_lens, k_scale, v_scale, scale=scale, num_kv_heads=g.num_kv_heads, form=self.form, block_size=g.block_size, x=g.x)
 
-    def _copy(self, dst, src, dst_ids, src_ids):
-        index = [slice(None)] * self.block_dim
-        rows = src[(*index, src_ids.to(src.device))]
-        dst[(*index, dst_ids.to(dst.device))] = rows.to(dst.device, non_blocking=True)
+    def _copy(self, src, dst, src_ids, dst_ids, spec):
+        """Whole blocks along ``block_dim``; a kv-first block is two regions (its K and V planes)."""
+        e = spec.geometry.element_size
+        regions = 2 if self.block_dim == 1 else 1
+        K.copy_blocks(
+            src, dst, src_ids, dst_ids, block_bytes=src[0].stride(0) * e if regions == 2 else src.stride(0) * e,
+            regions=regions, region_stride_bytes=src.stride(0) * e if regions == 2 else 0,
+            src_block_stride_bytes=src.stride(self.block_dim) * e, dst_block_stride_bytes=dst.stride(self.block_dim) * e,
+        )
+        if src.is_cuda or dst.is_cuda:
+            torch.cuda.synchronize()  # the host side is read/written by the device asynchronously
 
     def swap_out(self, cache, host_cache, src_ids, dst_ids, spec):
-        self._copy(host_cache, cache, dst_ids, src_ids)
-        if cache.is_cuda:
-            torch.cuda.synchronize()
+        self._copy(cache, host_cache, src_ids, dst_ids, spec)
 
     def swap_in(self, host_cache, cache, src_ids, dst_ids, spec):
-        self._copy(cache, host_cache, dst_ids, src_ids)
+        self._copy(host_cache, cache, src_ids, dst_ids, spec)
 
     def copy_blocks(self, cache, block_mapping, spec):
-        self._copy(cache, cache, block_mapping[:, 1], block_mapping[:, 0])
+        self._copy(cache, cache, block_mapping[:, 0], block_mapping[:, 1], spec)
 
     def supports_kv_connector(self):
         return self.connector

@@ -143,6 +143,29 @@ def paged_decode_kernel(
     tl.store(out_ptr + s * out_stride_s + qh * out_stride_h + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
+@triton.jit
+def copy_blocks_kernel(
+    src_ptr, dst_ptr, src_ids_ptr, dst_ids_ptr,
+    src_block_stride, dst_block_stride, src_region_stride, dst_region_stride,
+    REGION_LEN: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """One program per (pair, region, chunk): ``dst[dst_id] = src[src_id]`` for one region of a block.
+
+    A block is one region (blocks-first: K and V adjacent) or two (kv-first: a K and a V plane).
+    Either side may be pinned host memory, reached directly from the device (UVA), so a swap
+    is one pass over the bytes with no host-side scatter.
+    """
+    pair = tl.program_id(0).to(tl.int64)
+    region = tl.program_id(1).to(tl.int64)
+    chunk = tl.program_id(2).to(tl.int64)
+    src_id = tl.load(src_ids_ptr + pair).to(tl.int64)
+    dst_id = tl.load(dst_ids_ptr + pair).to(tl.int64)
+    i = chunk * CHUNK + tl.arange(0, CHUNK).to(tl.int64)
+    mask = i < REGION_LEN
+    data = tl.load(src_ptr + src_id * src_block_stride + region * src_region_stride + i, mask=mask)
+    tl.store(dst_ptr + dst_id * dst_block_stride + region * dst_region_stride + i, data, mask=mask)
+
+
 # ------------------------------------------------------------------------------ launchers
 def _int_view(t: torch.Tensor) -> torch.Tensor:
     return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
@@ -195,3 +218,37 @@ def paged_decode(query, key_cache, value_cache, block_table, seq_lens, k_scale, 
         DEQUANT=key_cache.dtype in FP8, PER_HEAD_SCALE=k_scale.numel() > 1,
     )
     return out
+
+
+_WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def _words_from_start(t: torch.Tensor, width: int) -> torch.Tensor:
+    """``t``'s storage from ``t``'s first element to the end, as ``width``-byte words."""
+    start = t.storage_offset() * t.element_size()
+    count = (t.untyped_storage().nbytes() - start) // width
+    raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage(), start, (count * width,), (1,))
+    return raw.view(_WORDS[width])
+
+
+def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_ids, dst_ids, *, block_bytes: int, regions: int,
+                region_stride_bytes: int, src_block_stride_bytes: int, dst_block_stride_bytes: int) -> None:
+    """Copy ``regions`` runs of ``block_bytes`` per block from ``src[src_ids]`` to ``dst[dst_ids]``.
+
+    ``src``/``dst`` are cache tensors (device, or pinned host memory) whose first element is the
+    cache start; strides are in bytes. Source and destination blocks must not overlap.
+    """
+    if len(src_ids) == 0:
+        return
+    sizes = (block_bytes, region_stride_bytes, src_block_stride_bytes, dst_block_stride_bytes, src.data_ptr(), dst.data_ptr())
+    width = next(w for w in _WORDS if all(v % w == 0 for v in sizes))
+    device = src.device if src.device.type != "cpu" else dst.device
+    region_len = block_bytes // width
+    chunk = min(2048, triton.next_power_of_2(region_len))
+    copy_blocks_kernel[(len(src_ids), regions, triton.cdiv(region_len, chunk))](
+        _words_from_start(src, width), _words_from_start(dst, width),
+        src_ids.to(device, torch.int64).contiguous(), dst_ids.to(device, torch.int64).contiguous(),
+        src_block_stride_bytes // width, dst_block_stride_bytes // width,
+        region_stride_bytes // width, region_stride_bytes // width,
+        REGION_LEN=region_len, CHUNK=chunk,
+    )

@@ -25,7 +25,8 @@ def test_a_backend_that_fails_to_import_errors_while_the_others_run(tmp_path):
     records = json.loads(out.read_text())["tests"]
     broken = [r for r in records if r["backend"] == "missing_vendor_pkg.adapter:Backend"]
     assert broken and all(r["outcome"] == "error" and "No module named 'missing_vendor_pkg'" in r["message"] for r in broken)
-    assert all(r["outcome"] == "passed" for r in records if r["backend"] == "reference")
+    reference = [r["outcome"] for r in records if r["backend"] == "reference"]
+    assert "passed" in reference and set(reference) <= {"passed", "not-applicable"}
     assert proc.returncode == 1
 
 
