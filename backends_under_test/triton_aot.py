@@ -16,7 +16,7 @@ TARGET_SPECS = {  # arch: (backend, arch id, warp size, fp8 pointer type name, f
     "gfx942": ("hip", "gfx942", 64, "fp8e4b8", "float8e4b8"),
     "gfx950": ("hip", "gfx950", 64, "fp8e4nv", "float8e4nv"),
 }
-WRITE_ARGS = ("key_ptr", "value_ptr", "k_cache_ptr", "v_cache_ptr", "slot_ptr", "k_scale_ptr", "v_scale_ptr",
+WRITE_ARGS = ("key_ptr", "value_ptr", "k_cache_ptr", "v_cache_ptr", "slot_ptr", "k_scale_ptr", "v_scale_ptr", "num_tokens",
               "key_stride_t", "key_stride_h", "value_stride_t", "value_stride_h",
               "k_block_stride", "k_slot_stride", "k_head_stride", "v_block_stride", "v_slot_stride", "v_head_stride")
 COPY_ARGS = ("src_ptr", "dst_ptr", "src_ids_ptr", "dst_ids_ptr", "src_block_stride", "dst_block_stride", "src_region_stride", "dst_region_stride")
@@ -46,8 +46,8 @@ def compile_all() -> list[tuple[str, str, str]]:
         for (form_name, form), quant in itertools.product(forms.items(), (False, True)):
             cache, source = (f"*{fp8_ptr}", "*bf16") if quant else ("*i16", "*i16")
             jobs = [(f"write-{form_name}-{'fp8' if quant else 'bitcopy'}", K.reshape_and_cache_kernel, WRITE_ARGS,
-                     [source, source, cache, cache, "*i64", "*fp32", "*fp32"] + ["i64"] * 10,
-                     dict(BLOCK_SIZE=16, HEAD_SIZE=128, BLOCK_D=128, FORM=form, X=16 if quant else 8, QUANT=quant,
+                     [source, source, cache, cache, "*i64", "*fp32", "*fp32"] + ["i64"] * 11,
+                     dict(BLOCK_SIZE=16, NUM_HEADS=8, HEAD_SIZE=128, BLOCK_H=8, BLOCK_D=128, TOKENS=4, FORM=form, X=16 if quant else 8, QUANT=quant,
                           PER_HEAD_SCALE=True, OUT=fp8, MAN_BITS=3, MIN_NORMAL=2.0**-6, SUB_ULP=2.0**-9, MAX=448.0))]
             if quant:
                 jobs.append((f"decode-{form_name}-fp8", K.paged_decode_kernel, DECODE_ARGS,

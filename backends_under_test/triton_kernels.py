@@ -37,7 +37,8 @@ def _round_to_fp8_grid(x, MAN_BITS: tl.constexpr, MIN_NORMAL: tl.constexpr, SUB_
     magic = SUB_ULP * 8388608.0  # fp32 addition rounds |c| to a multiple of SUB_ULP (RNE)
     a = tl.abs(c)
     sub = (a + magic) - magic
-    sub = tl.where(bits < 0, -sub, sub)  # the sign bit: keeps -0.0
+    # Restore the sign with the sign bit: compiled Triton negates as 0 - x, which turns -0.0 into +0.0.
+    sub = (sub.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
     return tl.where(x != x, x, tl.where(a < MIN_NORMAL, sub, normal))
 
 
@@ -68,29 +69,34 @@ def _dst_offsets(b, n, h, d, block_stride, slot_stride, head_stride, SIDE: tl.co
 
 @triton.jit
 def reshape_and_cache_kernel(
-    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, num_tokens,
     key_stride_t, key_stride_h, value_stride_t, value_stride_h,
     k_block_stride, k_slot_stride, k_head_stride,
     v_block_stride, v_slot_stride, v_head_stride,
-    BLOCK_SIZE: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, FORM: tl.constexpr, X: tl.constexpr,
-    QUANT: tl.constexpr, PER_HEAD_SCALE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    TOKENS: tl.constexpr, FORM: tl.constexpr, X: tl.constexpr, QUANT: tl.constexpr, PER_HEAD_SCALE: tl.constexpr,
     OUT: tl.constexpr, MAN_BITS: tl.constexpr, MIN_NORMAL: tl.constexpr, SUB_ULP: tl.constexpr, MAX: tl.constexpr,
 ):
-    """One program per (token, KV head): writes K and V rows of one head (LAYOUT_SPEC §B.3, §B.5)."""
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64)
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    if slot < 0:  # padding token
-        return
+    """One program per TOKENS tokens, all heads: a [TOKENS, H, D] tile of K and of V (§B.3, §B.5).
+
+    Padding slots (< 0) and tokens past ``num_tokens`` are masked out, so they touch nothing.
+    """
+    t = (tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS).to(tl.int64))[:, None, None]
+    h = tl.arange(0, BLOCK_H).to(tl.int64)[None, :, None]
+    d = tl.arange(0, BLOCK_D).to(tl.int64)[None, None, :]
+    slot = tl.load(slot_ptr + t, mask=t < num_tokens, other=-1).to(tl.int64)
+    mask = (slot >= 0) & (h < NUM_HEADS) & (d < HEAD_SIZE)
     b = slot // BLOCK_SIZE
     n = slot % BLOCK_SIZE
-    d = tl.arange(0, BLOCK_D).to(tl.int64)
-    mask = d < HEAD_SIZE
-    scale_index = h if PER_HEAD_SCALE else 0
+    k_scale = 1.0
+    v_scale = 1.0
+    if QUANT:
+        k_scale = tl.load(k_scale_ptr + h * PER_HEAD_SCALE, mask=h < NUM_HEADS, other=1.0)
+        v_scale = tl.load(v_scale_ptr + h * PER_HEAD_SCALE, mask=h < NUM_HEADS, other=1.0)
     k = tl.load(key_ptr + t * key_stride_t + h * key_stride_h + d, mask=mask)
     v = tl.load(value_ptr + t * value_stride_t + h * value_stride_h + d, mask=mask)
-    k = _encode(k, tl.load(k_scale_ptr + scale_index), QUANT, OUT, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX)
-    v = _encode(v, tl.load(v_scale_ptr + scale_index), QUANT, OUT, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX)
+    k = _encode(k, k_scale, QUANT, OUT, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX)
+    v = _encode(v, v_scale, QUANT, OUT, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX)
     k_dst = _dst_offsets(b, n, h, d, k_block_stride, k_slot_stride, k_head_stride, 0, FORM, BLOCK_SIZE, HEAD_SIZE, X)
     v_dst = _dst_offsets(b, n, h, d, v_block_stride, v_slot_stride, v_head_stride, 1, FORM, BLOCK_SIZE, HEAD_SIZE, X)
     tl.store(k_cache_ptr + k_dst, k, mask=mask)
@@ -183,7 +189,7 @@ def _cache_strides(cache: torch.Tensor, form: int) -> tuple[int, int, int]:
     return cache.stride(0), 0, 0
 
 
-def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, *, form: int, block_size: int, x: int = 1) -> None:
+def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, *, form: int, block_size: int, x: int = 1, tokens_per_program: int = 4, num_warps: int = 4) -> None:
     """Launch the writer on K/V cache tensors whose ``stride(0)`` is the block stride.
 
     Strided caches are ``(B, N, H, D)`` views (any strides, innermost 1); tiled caches are the
@@ -196,12 +202,13 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, k_scale,
         key, value, key_cache, value_cache = (_int_view(t) for t in (key, value, key_cache, value_cache))
     if T == 0:
         return
-    reshape_and_cache_kernel[(T, H)](
-        key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale,
+    reshape_and_cache_kernel[(triton.cdiv(T, tokens_per_program),)](
+        key, value, key_cache, value_cache, slot_mapping.contiguous(), k_scale, v_scale, T,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         *_cache_strides(key_cache, form), *_cache_strides(value_cache, form),
-        BLOCK_SIZE=block_size, HEAD_SIZE=D, BLOCK_D=triton.next_power_of_2(D), FORM=form, X=x,
-        QUANT=quant, PER_HEAD_SCALE=k_scale.numel() > 1, **_fp8_args(key_cache.dtype),
+        BLOCK_SIZE=block_size, NUM_HEADS=H, HEAD_SIZE=D, BLOCK_H=triton.next_power_of_2(H), BLOCK_D=triton.next_power_of_2(D),
+        TOKENS=tokens_per_program, FORM=form, X=x, QUANT=quant, PER_HEAD_SCALE=k_scale.numel() > 1,
+        **_fp8_args(key_cache.dtype), num_warps=num_warps,
     )
 
 
@@ -232,7 +239,8 @@ def _words_from_start(t: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_ids, dst_ids, *, block_bytes: int, regions: int,
-                region_stride_bytes: int, src_block_stride_bytes: int, dst_block_stride_bytes: int) -> None:
+                region_stride_bytes: int, src_block_stride_bytes: int, dst_block_stride_bytes: int,
+                chunk_bytes: int = 16384, num_warps: int = 4) -> None:
     """Copy ``regions`` runs of ``block_bytes`` per block from ``src[src_ids]`` to ``dst[dst_ids]``.
 
     ``src``/``dst`` are cache tensors (device, or pinned host memory) whose first element is the
@@ -244,11 +252,11 @@ def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_ids, dst_ids, *, block
     width = next(w for w in _WORDS if all(v % w == 0 for v in sizes))
     device = src.device if src.device.type != "cpu" else dst.device
     region_len = block_bytes // width
-    chunk = min(2048, triton.next_power_of_2(region_len))
+    chunk = min(chunk_bytes // width, triton.next_power_of_2(region_len))
     copy_blocks_kernel[(len(src_ids), regions, triton.cdiv(region_len, chunk))](
         _words_from_start(src, width), _words_from_start(dst, width),
         src_ids.to(device, torch.int64).contiguous(), dst_ids.to(device, torch.int64).contiguous(),
         src_block_stride_bytes // width, dst_block_stride_bytes // width,
         region_stride_bytes // width, region_stride_bytes // width,
-        REGION_LEN=region_len, CHUNK=chunk,
+        REGION_LEN=region_len, CHUNK=chunk, num_warps=num_warps,
     )

@@ -82,6 +82,26 @@ def bench_writes(args, copy_gbps: float) -> None:
         report(f"write {name}", moved, ms, copy_gbps, target)
 
 
+def sweep_launch_parameters(args, copy_gbps: float) -> None:
+    """Tokens per program × warps for the writers, chunk × warps for the block copy (tuning aid)."""
+    from backends_under_test import triton_kernels as K
+
+    T, H, D, N = args.tokens, args.heads, args.head_size, args.block_size
+    key, value = torch.randn(2, T, H, D, device="cuda", dtype=torch.bfloat16).unbind(0)
+    scale = torch.tensor([1.0], device="cuda")
+    for order in ("random", "sequential"):
+        slots = torch.randperm(T, device="cuda") if order == "random" else torch.arange(T, device="cuda")
+        for name, backend, layout in (("flash NHD", TritonFlash(), R.blocks_first("NHD")), ("aiter shuffle", TritonAiter(), R.aiter_shuffle())):
+            g = R.Geometry(num_blocks=T // N, block_size=N, num_kv_heads=H, head_size=D, dtype=torch.bfloat16)
+            spec = CacheSpec(layout=layout, geometry=g)
+            cache = backend.allocate(torch.zeros(layout.nbytes(g), dtype=torch.uint8, device="cuda"), spec)
+            k_cache, v_cache = backend.kernel_views(cache, spec)
+            for tokens, warps in ((1, 4), (2, 4), (4, 4), (4, 8), (8, 8), (16, 8)):
+                ms = cuda_ms(lambda: K.reshape_and_cache(key, value, k_cache, v_cache, slots, scale, scale, form=backend.form,
+                                                         block_size=N, x=g.x, tokens_per_program=tokens, num_warps=warps))
+                report(f"  sweep {name} {order} tokens={tokens} warps={warps}", T * H * D * 8 + T * 8, ms, copy_gbps)
+
+
 def bench_swap(args) -> None:
     N, H, D, B = args.block_size, args.heads, args.head_size, args.swap_blocks
     count = B // 10
@@ -112,6 +132,16 @@ def bench_swap(args) -> None:
     report("swap_out (Triton, UVA)", moved, out_ms, moved / d2h / 1e6, 0.90)
     report("swap_in (Triton, UVA)", moved, in_ms, moved / h2d / 1e6, 0.90)
     report("swap out+in", 2 * moved, out_ms + in_ms, 2 * moved / (d2h + h2d) / 1e6, 0.90)
+    from backends_under_test import triton_kernels as K
+
+    src_ids = device_ids.cuda()
+    for chunk, warps in ((8192, 4), (16384, 4), (32768, 4), (32768, 8), (65536, 8)):
+        def swap(src, dst, a, b):
+            K.copy_blocks(src, dst, a, b, block_bytes=block_bytes, regions=1, region_stride_bytes=0,
+                          src_block_stride_bytes=block_bytes, dst_block_stride_bytes=block_bytes, chunk_bytes=chunk, num_warps=warps)
+        o = cuda_ms(lambda: swap(device_cache, host_cache, src_ids, host_ids), reps=10)
+        i = cuda_ms(lambda: swap(host_cache, device_cache, host_ids, src_ids), reps=10)
+        report(f"  sweep swap chunk={chunk} warps={warps} out+in", 2 * moved, o + i, 2 * moved / (d2h + h2d) / 1e6)
 
 
 def main() -> None:
@@ -121,6 +151,7 @@ def main() -> None:
     parser.add_argument("--head-size", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--swap-blocks", type=int, default=65536)
+    parser.add_argument("--sweep", action="store_true", help="also sweep launch parameters")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_kernels: needs a GPU (the CPU interpreter measures nothing about kernels)")
@@ -134,6 +165,8 @@ def main() -> None:
     report("device copy roofline (1 GiB, read+write)", 2 * size, copy_ms)
     del src, dst
     bench_writes(args, copy_gbps)
+    if args.sweep:
+        sweep_launch_parameters(args, copy_gbps)
     bench_swap(args)
 
 
