@@ -53,17 +53,35 @@ def _encode(x, scale, QUANT: tl.constexpr, OUT: tl.constexpr, MAN_BITS: tl.const
 
 
 @triton.jit
-def _dst_offsets(b, n, h, d, block_stride, slot_stride, head_stride, SIDE: tl.constexpr, FORM: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_SIZE: tl.constexpr, X: tl.constexpr):
-    """Element offset of (b, n, h, d) on one side; SIDE 0 = K, 1 = V."""
+def _row_offset(b, n, block_stride, slot_stride, SIDE: tl.constexpr, FORM: tl.constexpr, HEAD_SIZE: tl.constexpr, X: tl.constexpr):
+    """The (block, slot) part of an element offset, int64; see :func:`_inner_offset`."""
+    if FORM == STRIDED:
+        off = b * block_stride + n * slot_stride
+    elif SIDE == 0:  # K [H, D/x, N, x]: the slot adds n·x
+        off = b * block_stride + n * X
+    elif FORM == X_TILES:  # V [H, N/x, D, x]: the slot adds (n // x)·D·x + n % x
+        off = b * block_stride + (n // X) * (HEAD_SIZE * X) + n % X
+    else:  # legacy V [H, D, N]: the slot adds n
+        off = b * block_stride + n
+    return off
+
+
+@triton.jit
+def _inner_offset(h, d, head_stride, SIDE: tl.constexpr, FORM: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_SIZE: tl.constexpr, X: tl.constexpr):
+    """The (head, dim) part of an element offset, int32 (it stays inside one block).
+
+    Every layout's offset separates into row(b, n) + inner(h, d) (LAYOUT_SPEC §A), so
+    per-element address arithmetic is 32-bit and only the per-token row is 64-bit.
+    """
     tile = h * (HEAD_SIZE * BLOCK_SIZE)
     if FORM == STRIDED:
-        off = b * block_stride + n * slot_stride + h * head_stride + d
+        off = h * head_stride + d
     elif SIDE == 0:  # K [H, D/x, N, x]
-        off = b * block_stride + tile + (d // X) * (BLOCK_SIZE * X) + n * X + d % X
+        off = tile + (d // X) * (BLOCK_SIZE * X) + d % X
     elif FORM == X_TILES:  # V [H, N/x, D, x]
-        off = b * block_stride + tile + (n // X) * (HEAD_SIZE * X) + d * X + n % X
+        off = tile + d * X
     else:  # legacy V [H, D, N]
-        off = b * block_stride + tile + d * BLOCK_SIZE + n
+        off = tile + d * BLOCK_SIZE
     return off
 
 
@@ -82,8 +100,8 @@ def reshape_and_cache_kernel(
     Padding slots (< 0) and tokens past ``num_tokens`` are masked out, so they touch nothing.
     """
     t = (tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS).to(tl.int64))[:, None, None]
-    h = tl.arange(0, BLOCK_H).to(tl.int64)[None, :, None]
-    d = tl.arange(0, BLOCK_D).to(tl.int64)[None, None, :]
+    h = tl.arange(0, BLOCK_H)[None, :, None]
+    d = tl.arange(0, BLOCK_D)[None, None, :]
     slot = tl.load(slot_ptr + t, mask=t < num_tokens, other=-1).to(tl.int64)
     mask = (slot >= 0) & (h < NUM_HEADS) & (d < HEAD_SIZE)
     b = slot // BLOCK_SIZE
@@ -93,14 +111,16 @@ def reshape_and_cache_kernel(
     if QUANT:
         k_scale = tl.load(k_scale_ptr + h * PER_HEAD_SCALE, mask=h < NUM_HEADS, other=1.0)
         v_scale = tl.load(v_scale_ptr + h * PER_HEAD_SCALE, mask=h < NUM_HEADS, other=1.0)
-    k = tl.load(key_ptr + t * key_stride_t + h * key_stride_h + d, mask=mask)
-    v = tl.load(value_ptr + t * value_stride_t + h * value_stride_h + d, mask=mask)
+    k = tl.load(key_ptr + t * key_stride_t + (h * key_stride_h + d), mask=mask)
+    v = tl.load(value_ptr + t * value_stride_t + (h * value_stride_h + d), mask=mask)
     k = _encode(k, k_scale, QUANT, OUT, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX)
     v = _encode(v, v_scale, QUANT, OUT, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX)
-    k_dst = _dst_offsets(b, n, h, d, k_block_stride, k_slot_stride, k_head_stride, 0, FORM, BLOCK_SIZE, HEAD_SIZE, X)
-    v_dst = _dst_offsets(b, n, h, d, v_block_stride, v_slot_stride, v_head_stride, 1, FORM, BLOCK_SIZE, HEAD_SIZE, X)
-    tl.store(k_cache_ptr + k_dst, k, mask=mask)
-    tl.store(v_cache_ptr + v_dst, v, mask=mask)
+    k_row = _row_offset(b, n, k_block_stride, k_slot_stride, 0, FORM, HEAD_SIZE, X)
+    v_row = _row_offset(b, n, v_block_stride, v_slot_stride, 1, FORM, HEAD_SIZE, X)
+    k_inner = _inner_offset(h, d, k_head_stride, 0, FORM, BLOCK_SIZE, HEAD_SIZE, X)
+    v_inner = _inner_offset(h, d, v_head_stride, 1, FORM, BLOCK_SIZE, HEAD_SIZE, X)
+    tl.store(k_cache_ptr + k_row + k_inner, k, mask=mask)
+    tl.store(v_cache_ptr + v_row + v_inner, v, mask=mask)
 
 
 @triton.jit
@@ -134,8 +154,10 @@ def paged_decode_kernel(
         blk = tl.load(table_ptr + s * table_stride_s + j).to(tl.int64)
         pos_ok = (j * BLOCK_SIZE + n) < seq_len
         tile_ok = pos_ok[:, None] & d_ok[None, :]
-        k_off = _dst_offsets(blk, n[:, None], h, d[None, :], k_block_stride, k_slot_stride, k_head_stride, 0, FORM, BLOCK_SIZE, HEAD_SIZE, X)
-        v_off = _dst_offsets(blk, n[:, None], h, d[None, :], v_block_stride, v_slot_stride, v_head_stride, 1, FORM, BLOCK_SIZE, HEAD_SIZE, X)
+        k_off = (_row_offset(blk, n[:, None], k_block_stride, k_slot_stride, 0, FORM, HEAD_SIZE, X)
+                 + _inner_offset(h, d[None, :], k_head_stride, 0, FORM, BLOCK_SIZE, HEAD_SIZE, X))
+        v_off = (_row_offset(blk, n[:, None], v_block_stride, v_slot_stride, 1, FORM, HEAD_SIZE, X)
+                 + _inner_offset(h, d[None, :], v_head_stride, 1, FORM, BLOCK_SIZE, HEAD_SIZE, X))
         k = tl.load(k_cache_ptr + k_off, mask=tile_ok, other=0.0).to(tl.float32) * k_scale
         v = tl.load(v_cache_ptr + v_off, mask=tile_ok, other=0.0).to(tl.float32) * v_scale
         qk = tl.where(pos_ok, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))

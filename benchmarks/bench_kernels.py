@@ -13,6 +13,7 @@ Targets (issue #4): blocks-first write ≥ 0.85, shuffled write ≥ 0.80, swap �
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 from pathlib import Path
@@ -55,7 +56,7 @@ def bench_writes(args, copy_gbps: float) -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     qkv = torch.randn(T, 3, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     key, value = qkv[:, 1], qkv[:, 2]  # row stride 3·H·D, as vLLM passes them
-    slots = torch.randperm(T, device="cuda", generator=gen)
+    orders = {"random slots": torch.randperm(T, device="cuda", generator=gen), "prefill slots": torch.arange(T, device="cuda")}
     scale = torch.tensor([0.5], device="cuda")
     cases = [
         ("triton_flash NHD bf16", TritonFlash(), R.blocks_first("NHD"), "auto", 0.85),
@@ -66,7 +67,8 @@ def bench_writes(args, copy_gbps: float) -> None:
         ("triton_aiter shuffle fp8", TritonAiter(), R.aiter_shuffle(), "fp8", 0.80),
         ("triton_rocm_attn legacy bf16", TritonRocmAttn(), R.legacy_paged(), "auto", None),
     ]
-    for name, backend, layout, kv_dtype, target in cases:
+    for (name, backend, layout, kv_dtype, target), (order, slots) in itertools.product(cases, orders.items()):
+        name = f"{name}, {order}"
         g = R.Geometry(num_blocks=T // N, block_size=N, num_kv_heads=H, head_size=D, dtype=backend.cache_dtype(kv_dtype, torch.bfloat16))
         spec = CacheSpec(layout=layout, geometry=g, kv_cache_dtype=kv_dtype)
         buffer = torch.zeros(layout.nbytes(g), dtype=torch.uint8, device="cuda")
