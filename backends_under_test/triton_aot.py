@@ -40,20 +40,20 @@ def compile_all() -> list[tuple[str, str, str]]:
     from . import triton_kernels as K
 
     results = []
-    forms = {"strided": K.STRIDED, "x-tiles": K.X_TILES, "legacy": K.LEGACY}
+    forms = {"strided-packed": (K.STRIDED, True), "strided": (K.STRIDED, False), "x-tiles": (K.X_TILES, False), "legacy": (K.LEGACY, False)}
     for arch, (backend, arch_id, warp, fp8_ptr, fp8_name) in TARGET_SPECS.items():
         target, fp8 = GPUTarget(backend, arch_id, warp), getattr(tl, fp8_name)
-        for (form_name, form), quant in itertools.product(forms.items(), (False, True)):
+        for (form_name, (form, packed)), quant in itertools.product(forms.items(), (False, True)):
             cache, source = (f"*{fp8_ptr}", "*bf16") if quant else ("*i16", "*i16")
             jobs = [(f"write-{form_name}-{'fp8' if quant else 'bitcopy'}", K.reshape_and_cache_kernel, WRITE_ARGS,
                      [source, source, cache, cache, "*i64", "*fp32", "*fp32"] + ["i64"] * 11,
                      dict(BLOCK_SIZE=16, NUM_HEADS=8, HEAD_SIZE=128, BLOCK_H=8, BLOCK_D=128, TOKENS=4, FORM=form, X=16 if quant else 8, QUANT=quant,
-                          PER_HEAD_SCALE=True, OUT=fp8, MAN_BITS=3, MIN_NORMAL=2.0**-6, SUB_ULP=2.0**-9, MAX=448.0))]
-            if quant:
+                          PER_HEAD_SCALE=True, PACKED=packed, OUT=fp8, MAN_BITS=3, MIN_NORMAL=2.0**-6, SUB_ULP=2.0**-9, MAX=448.0))]
+            if quant and not packed:
                 jobs.append((f"decode-{form_name}-fp8", K.paged_decode_kernel, DECODE_ARGS,
                              ["*bf16", "*bf16", f"*{fp8_ptr}", f"*{fp8_ptr}", "*i64", "*i64", "*fp32", "*fp32"] + ["i64"] * 11 + ["fp32"],
                              dict(QUERIES_PER_KV=2, BLOCK_SIZE=16, HEAD_SIZE=128, BLOCK_D=128, FORM=form, X=16, DEQUANT=True, PER_HEAD_SCALE=False)))
-            if form_name == "strided" and not quant:
+            if form_name == "strided-packed" and not quant:
                 jobs.append(("copy-blocks", K.copy_blocks_kernel, COPY_ARGS, ["*i64", "*i64", "*i64", "*i64"] + ["i64"] * 4,
                              dict(REGION_LEN=1536, CHUNK=2048)))
             for name, fn, names, types, constexprs in jobs:

@@ -93,32 +93,42 @@ def reshape_and_cache_kernel(
     v_block_stride, v_slot_stride, v_head_stride,
     BLOCK_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     TOKENS: tl.constexpr, FORM: tl.constexpr, X: tl.constexpr, QUANT: tl.constexpr, PER_HEAD_SCALE: tl.constexpr,
-    OUT: tl.constexpr, MAN_BITS: tl.constexpr, MIN_NORMAL: tl.constexpr, SUB_ULP: tl.constexpr, MAX: tl.constexpr,
+    PACKED: tl.constexpr, OUT: tl.constexpr, MAN_BITS: tl.constexpr, MIN_NORMAL: tl.constexpr, SUB_ULP: tl.constexpr, MAX: tl.constexpr,
 ):
     """One program per TOKENS tokens, all heads: a [TOKENS, H, D] tile of K and of V (§B.3, §B.5).
 
     Padding slots (< 0) and tokens past ``num_tokens`` are masked out, so they touch nothing.
     """
-    t = (tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS).to(tl.int64))[:, None, None]
-    h = tl.arange(0, BLOCK_H)[None, :, None]
-    d = tl.arange(0, BLOCK_D)[None, None, :]
+    if PACKED:  # heads packed in every row (NHD, §B.3 fast path): one flat [TOKENS, H·D] tile
+        t = (tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS).to(tl.int64))[:, None]
+        j = tl.arange(0, BLOCK_H * BLOCK_D)[None, :]
+        h = j // HEAD_SIZE
+        d = j % HEAD_SIZE
+        in_row = j < NUM_HEADS * HEAD_SIZE
+        k_src, v_src, k_inner, v_inner = j, j, j, j
+    else:  # a [TOKENS, H, D] tile with arbitrary head strides, or a tiled layout
+        t = (tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS).to(tl.int64))[:, None, None]
+        h = tl.arange(0, BLOCK_H)[None, :, None]
+        d = tl.arange(0, BLOCK_D)[None, None, :]
+        in_row = (h < NUM_HEADS) & (d < HEAD_SIZE)
+        k_src, v_src = h * key_stride_h + d, h * value_stride_h + d
+        k_inner = _inner_offset(h, d, k_head_stride, 0, FORM, BLOCK_SIZE, HEAD_SIZE, X)
+        v_inner = _inner_offset(h, d, v_head_stride, 1, FORM, BLOCK_SIZE, HEAD_SIZE, X)
     slot = tl.load(slot_ptr + t, mask=t < num_tokens, other=-1).to(tl.int64)
-    mask = (slot >= 0) & (h < NUM_HEADS) & (d < HEAD_SIZE)
+    mask = (slot >= 0) & in_row
     b = slot // BLOCK_SIZE
     n = slot % BLOCK_SIZE
     k_scale = 1.0
     v_scale = 1.0
     if QUANT:
-        k_scale = tl.load(k_scale_ptr + h * PER_HEAD_SCALE, mask=h < NUM_HEADS, other=1.0)
-        v_scale = tl.load(v_scale_ptr + h * PER_HEAD_SCALE, mask=h < NUM_HEADS, other=1.0)
-    k = tl.load(key_ptr + t * key_stride_t + (h * key_stride_h + d), mask=mask)
-    v = tl.load(value_ptr + t * value_stride_t + (h * value_stride_h + d), mask=mask)
+        k_scale = tl.load(k_scale_ptr + h * PER_HEAD_SCALE, mask=in_row, other=1.0)
+        v_scale = tl.load(v_scale_ptr + h * PER_HEAD_SCALE, mask=in_row, other=1.0)
+    k = tl.load(key_ptr + t * key_stride_t + k_src, mask=mask)
+    v = tl.load(value_ptr + t * value_stride_t + v_src, mask=mask)
     k = _encode(k, k_scale, QUANT, OUT, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX)
     v = _encode(v, v_scale, QUANT, OUT, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX)
     k_row = _row_offset(b, n, k_block_stride, k_slot_stride, 0, FORM, HEAD_SIZE, X)
     v_row = _row_offset(b, n, v_block_stride, v_slot_stride, 1, FORM, HEAD_SIZE, X)
-    k_inner = _inner_offset(h, d, k_head_stride, 0, FORM, BLOCK_SIZE, HEAD_SIZE, X)
-    v_inner = _inner_offset(h, d, v_head_stride, 1, FORM, BLOCK_SIZE, HEAD_SIZE, X)
     tl.store(k_cache_ptr + k_row + k_inner, k, mask=mask)
     tl.store(v_cache_ptr + v_row + v_inner, v, mask=mask)
 
@@ -230,6 +240,7 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, k_scale,
         *_cache_strides(key_cache, form), *_cache_strides(value_cache, form),
         BLOCK_SIZE=block_size, NUM_HEADS=H, HEAD_SIZE=D, BLOCK_H=triton.next_power_of_2(H), BLOCK_D=triton.next_power_of_2(D),
         TOKENS=tokens_per_program, FORM=form, X=x, QUANT=quant, PER_HEAD_SCALE=k_scale.numel() > 1,
+        PACKED=form == STRIDED and D == key.stride(1) == value.stride(1) == key_cache.stride(2) == value_cache.stride(2),
         **_fp8_args(key_cache.dtype), num_warps=num_warps,
     )
 
