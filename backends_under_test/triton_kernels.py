@@ -123,8 +123,10 @@ def reshape_and_cache_kernel(
     if QUANT:
         k_scale = tl.load(k_scale_ptr + h * PER_HEAD_SCALE, mask=in_row, other=1.0)
         v_scale = tl.load(v_scale_ptr + h * PER_HEAD_SCALE, mask=in_row, other=1.0)
-    k = tl.load(key_ptr + t * key_stride_t + k_src, mask=mask)
-    v = tl.load(value_ptr + t * value_stride_t + v_src, mask=mask)
+    # Rows are read whether or not the token is padding, so these loads need not wait for the slot.
+    rows_ok = in_row & (t < num_tokens)
+    k = tl.load(key_ptr + t * key_stride_t + k_src, mask=rows_ok)
+    v = tl.load(value_ptr + t * value_stride_t + v_src, mask=rows_ok)
     k = _encode(k, k_scale, QUANT, OUT, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX)
     v = _encode(v, v_scale, QUANT, OUT, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX)
     k_row = _row_offset(b, n, k_block_stride, k_slot_stride, 0, FORM, HEAD_SIZE, X)
