@@ -223,7 +223,8 @@ def _cache_strides(cache: torch.Tensor, form: int) -> tuple[int, int, int]:
     return cache.stride(0), 0, 0
 
 
-def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, *, form: int, block_size: int, x: int = 1, tokens_per_program: int = 4, num_warps: int = 4) -> None:
+def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, *, form: int, block_size: int, x: int = 1,
+                      tokens_per_program: int | None = None, num_warps: int | None = None) -> None:
     """Launch the writer on K/V cache tensors whose ``stride(0)`` is the block stride.
 
     Strided caches are ``(B, N, H, D)`` views (any strides, innermost 1); tiled caches are the
@@ -232,6 +233,11 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, k_scale,
     T = slot_mapping.shape[0]
     H, D = key.shape[1], key.shape[2]
     quant = key_cache.dtype in FP8
+    # Measured on an H200 (docs/PERFORMANCE.md): strided rows like one token per program; tiles
+    # like x consecutive tokens per program, so a run of prefill slots fills whole x-vectors.
+    tiled = form != STRIDED
+    tokens_per_program = tokens_per_program or (x if tiled else 1)
+    num_warps = num_warps or (8 if tiled else 4)
     if not quant:
         key, value, key_cache, value_cache = (_int_view(t) for t in (key, value, key_cache, value_cache))
     if T == 0:
