@@ -149,6 +149,8 @@ def bench_swap(args) -> None:
     report("swap_out (Triton, UVA)", moved, out_ms, moved / d2h / 1e6, 0.90)
     report("swap_in (Triton, UVA)", moved, in_ms, moved / h2d / 1e6, 0.90)
     report("swap out+in", 2 * moved, out_ms + in_ms, 2 * moved / (d2h + h2d) / 1e6, 0.90)
+    if not args.sweep:
+        return
     from backends_under_test import triton_kernels as K
 
     src_ids = device_ids.cuda()

@@ -97,29 +97,29 @@ def reshape_and_cache(
 
 
 def _run_length(rows: torch.Tensor, inner: torch.Tensor) -> int:
-    """Longest run ``r`` (a divisor of D) of consecutive dims stored contiguously and r-aligned."""
-    D = inner.shape[-1]
-    for r in (r for r in range(D, 0, -1) if D % r == 0):
-        lane = torch.arange(D) % r
-        if (
-            torch.equal(inner, inner[..., torch.arange(D) - lane] + lane)
-            and bool((inner % r == lane).all())
-            and bool((rows % r == 0).all())
-        ):
+    """Longest run ``r`` (a divisor of H·D) of consecutive (head, dim) elements stored contiguously
+    and r-aligned: H·D for packed NHD rows, D for HND, x for the AITER K tile, 1 for its V tile."""
+    width = inner.shape[-1]
+    lane_of = torch.arange(width)
+    for r in (r for r in range(width, 0, -1) if width % r == 0):
+        lane = lane_of % r
+        if torch.equal(inner, inner[..., lane_of - lane] + lane) and bool((inner % r == lane).all()) and bool((rows % r == 0).all()):
             return r
     return 1
 
 
 def _scatter(bits: torch.Tensor, rows: torch.Tensor, inner: torch.Tensor, data: torch.Tensor) -> None:
     """``bits[rows[t] + inner[h, d]] = data[t, h, d]``, moving the longest contiguous runs at once."""
+    T = data.shape[0]
+    inner = inner.reshape(-1)
+    data = data.reshape(T, -1)
     r = _run_length(rows, inner)
-    T, H, D = data.shape
     if r == 1:
-        bits.index_put_(((rows[:, None, None] + inner[None]).to(bits.device),), data)
+        bits.index_put_(((rows[:, None] + inner[None]).to(bits.device),), data)
         return
     whole = bits.numel() - bits.numel() % r
-    run_index = (rows[:, None, None] + inner[None, :, ::r]) // r  # (T, H, D/r)
-    bits[:whole].view(-1, r).index_put_((run_index.to(bits.device),), data.reshape(T, H, D // r, r))
+    run_index = (rows[:, None] + inner[None, ::r]) // r  # (T, H·D / r)
+    bits[:whole].view(-1, r).index_put_((run_index.to(bits.device),), data.reshape(T, -1, r))
 
 
 def read_logical(storage: torch.Tensor, layout: Layout, g: Geometry, blocks=None) -> torch.Tensor:
