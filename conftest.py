@@ -22,7 +22,7 @@ if not torch.cuda.is_available():  # Triton kernels run on CPU through the inter
 from hypothesis import HealthCheck, Phase, settings
 
 from backends_under_test import registry
-from reports.results import NOT_APPLICABLE, ResultRecorder
+from reports import results
 
 FAMILIES = ("shape", "split", "write", "shuffle", "swap", "copy", "read", "gating")
 # quick: a cheap verdict — few examples, failing examples reported as found (no shrinking);
@@ -41,6 +41,7 @@ def pytest_addoption(parser):
     group.addoption("--profile", choices=sorted(PROFILES), default="quick", help="Hypothesis example budget")
     group.addoption("--standard", choices=("e1", "e3"), default="e1", help="layout standard checks 1-2 hold backends to")
     group.addoption("--kvc-json", default="kvconform-results/results.json", help="where to write per-test JSON results")
+    group.addoption("--kvc-html", default=None, help="where to write the HTML report (default: next to --kvc-json)")
 
 
 def pytest_configure(config):
@@ -57,8 +58,9 @@ def pytest_configure(config):
     settings.load_profile("kvconform")
     config.option.hypothesis_seed = str(seed)  # read by Hypothesis' own plugin
     config._kvc_backends = _selected_backends(config)
+    config._kvc_device = _device(config)
     if not hasattr(config, "workerinput"):  # xdist workers send reports to the controller
-        config.pluginmanager.register(ResultRecorder(config, _environment(config)), "kvconform-results")
+        config.pluginmanager.register(results.ResultRecorder(config, results.environment(config, _backend_facts(config))), "kvconform-results")
 
 
 def _selected_backends(config) -> dict[str, registry.Loaded]:
@@ -81,16 +83,16 @@ def _device(config) -> str:
     return config.getoption("device") or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _environment(config) -> dict:
-    return {
-        "torch": torch.__version__, "hip": torch.version.hip, "device": _device(config),
-        "seed": config.getoption("seed"), "profile": config.getoption("profile"),
-        "standard": config.getoption("standard"),
-        "backends": {
-            n: ({"platform": l.backend.platform, "arch": l.backend.arch(), **l.backend.versions()} if l.backend else {"error": l.error})
-            for n, l in config._kvc_backends.items()
-        },
-    }
+def _backend_facts(config) -> dict:
+    facts = {}
+    for name, loaded in config._kvc_backends.items():
+        b = loaded.backend
+        if b is None:
+            facts[name] = {"error": loaded.error}
+            continue
+        fp8 = str(b.cache_dtype("fp8", torch.bfloat16)) if "fp8" in b.capabilities.kv_cache_dtypes else None
+        facts[name] = {"platform": b.platform, "arch": b.arch(), "fp8": fp8, "standards": sorted(b.capabilities.standards), **b.versions()}
+    return facts
 
 
 def pytest_report_header(config):
@@ -193,10 +195,14 @@ def pytest_collection_modifyitems(config, items):
             continue
         loaded, layout = callspec.params["case_param"]
         family = next((m.name for m in item.iter_markers() if m.name in FAMILIES), "other")
-        item.user_properties += [("backend", loaded.name), ("family", family), ("check", item.originalname)]
+        backend = loaded.backend
+        item.user_properties += [
+            ("backend", loaded.name), ("family", family), ("check", item.originalname),
+            ("platform", backend.platform if backend else "unknown"), ("arch", backend.arch() if backend else ""),
+        ]
         reason = _not_applicable(item, loaded, layout, standard)
         if reason:
-            item.add_marker(pytest.mark.skip(reason=NOT_APPLICABLE + reason))
+            item.add_marker(pytest.mark.skip(reason=results.NOT_APPLICABLE + reason))
 
 
 @pytest.fixture
@@ -217,7 +223,19 @@ def case(request, case_param):
     def record(key, value):
         request.node.user_properties.append((key, value))
 
-    return Case(
+    case = Case(
         backend=loaded.backend, layout=layout, device=_device(request.config), seed=seed,
         standard=request.config.getoption("standard"), nodeid=request.node.nodeid, record=record,
     )
+    record("repro", case.repro)
+    return case
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Attach a failed check's structured details (mismatches, byte map) to its report."""
+    outcome = yield
+    report = outcome.get_result()
+    details = getattr(call.excinfo.value, "details", None) if call.excinfo else None
+    if details is not None:
+        report.user_properties.append(("failure", details))

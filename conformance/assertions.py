@@ -15,9 +15,18 @@ import torch
 
 import reference as R
 
+from .byte_map import block_byte_map, first_logical
 from .harness import GUARD, Arena, Case
 
 KV_NAMES = ("K", "V")
+
+
+class ConformanceFailure(AssertionError):
+    """A failed check; ``details`` is the JSON-ready record the reports show."""
+
+    def __init__(self, message: str, details: dict):
+        super().__init__(message)
+        self.details = details
 SHOWN = 6  # differing elements listed per failure
 
 
@@ -57,23 +66,31 @@ def assert_bytes_equal(prop: str, case: Case, expected: Arena, actual: Arena, no
         f"{prop}: {differs.numel()} elements differ (cache of {actual.spec.layout.nbytes(actual.spec.geometry)} bytes "
         f"+ {GUARD}-byte guards){' — ' + note if note else ''}"
     ]
+    mismatches = []
     for element in differs[:SHOWN].tolist():
         span = slice(element * e, (element + 1) * e)
-        lines.append(f"  {_place(actual, element)}: expected {_hex(want[span])}, actual {_hex(got[span])}")
+        mismatches.append({"where": _place(actual, element), "expected": _hex(want[span]), "actual": _hex(got[span])})
+        lines.append(f"  {mismatches[-1]['where']}: expected {mismatches[-1]['expected']}, actual {mismatches[-1]['actual']}")
     if differs.numel() > SHOWN:
         lines.append(f"  … {differs.numel() - SHOWN} more")
-    raise AssertionError("\n".join(lines + _footer(case, actual)))
+    where = first_logical(actual, differs[:64].tolist())
+    details = {
+        "property": prop, "differing_elements": differs.numel(), "mismatches": mismatches,
+        "byte_map": block_byte_map(expected, actual, *where) if where else None,
+    }
+    raise ConformanceFailure("\n".join(lines + _footer(case, actual)), details)
 
 
 def assert_equal(prop: str, case: Case, expected, actual, what: str) -> None:
     """A declared fact (shape, stride, pointer delta, flag) must equal the spec's."""
     if expected != actual:
-        raise AssertionError(f"{prop}: {what}: expected {expected!r}, actual {actual!r}\n" + "\n".join(_footer(case, None)))
+        details = {"property": prop, "mismatches": [{"where": what, "expected": repr(expected), "actual": repr(actual)}]}
+        raise ConformanceFailure(f"{prop}: {what}: expected {expected!r}, actual {actual!r}\n" + "\n".join(_footer(case, None)), details)
 
 
 def assert_true(prop: str, case: Case, condition: bool, message: str) -> None:
     if not condition:
-        raise AssertionError(f"{prop}: {message}\n" + "\n".join(_footer(case, None)))
+        raise ConformanceFailure(f"{prop}: {message}\n" + "\n".join(_footer(case, None)), {"property": prop, "mismatches": [{"where": message}]})
 
 
 def assert_close(prop: str, case: Case, expected: torch.Tensor, actual: torch.Tensor, *, atol: float, rtol: float, dims: tuple[str, ...]) -> None:
@@ -88,10 +105,11 @@ def assert_close(prop: str, case: Case, expected: torch.Tensor, actual: torch.Te
     worst = int(torch.where(bad, err.nan_to_num(float("inf")), torch.zeros_like(err)).argmax())
     index = torch.unravel_index(torch.tensor(worst), expected.shape)
     where = " ".join(f"{d}={int(i)}" for d, i in zip(dims, index))
-    raise AssertionError(
+    mismatch = {"where": where, "expected": f"{float(expected.flatten()[worst]):.6g}", "actual": f"{float(actual.flatten()[worst]):.6g}"}
+    raise ConformanceFailure(
         f"{prop}: {int(bad.sum())} of {bad.numel()} values outside atol={atol} rtol={rtol}; worst at {where}: "
-        f"expected {float(expected.flatten()[worst]):.6g}, actual {float(actual.flatten()[worst]):.6g}\n"
-        + "\n".join(_footer(case, None))
+        f"expected {mismatch['expected']}, actual {mismatch['actual']}\n" + "\n".join(_footer(case, None)),
+        {"property": prop, "differing_elements": int(bad.sum()), "mismatches": [mismatch]},
     )
 
 

@@ -1,19 +1,31 @@
-"""Per-test result records, collected on the pytest controller and written atomically.
+"""Per-test result records, collected on the pytest controller; JSON + HTML written atomically.
 
-Schema ``kvconform-results/1``: ``{"schema", "created_unix", "environment", "tests": [...]}``;
-each test record holds ``nodeid, backend, family, check, layout, geometry, kv_cache_dtype,
-seed, outcome, duration_s, message``. ``outcome`` is one of passed, failed, error,
-not-applicable, skipped.
+The JSON schema is documented in docs/RESULTS_SCHEMA.md (``kvconform-results/1``). Records
+are keyed by node id, so xdist workers, reruns and teardown errors collapse to one verdict.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import platform
 import time
 
-RESULTS_SCHEMA = "kvconform-results/1"
+SCHEMA = "kvconform-results/1"
 NOT_APPLICABLE = "not applicable: "
+OUTCOMES = (
+    "passed", "failed", "error", "crashed", "timeout", "not-applicable",
+    "expected-failure", "unexpected-pass", "skipped",
+)
+FAILING = frozenset({"failed", "error", "crashed", "timeout"})
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _skip_reason(report) -> str:
@@ -22,6 +34,8 @@ def _skip_reason(report) -> str:
 
 def outcome_of(report) -> str | None:
     """The record outcome of one phase report, or None when the phase adds nothing."""
+    if hasattr(report, "wasxfail"):
+        return "unexpected-pass" if report.passed else "expected-failure"
     if report.skipped:
         return "not-applicable" if NOT_APPLICABLE in _skip_reason(report) else "skipped"
     if report.when == "call":
@@ -32,28 +46,50 @@ def outcome_of(report) -> str | None:
 def message_of(report, outcome: str) -> str:
     if outcome in ("not-applicable", "skipped"):
         return _skip_reason(report)
-    if outcome in ("failed", "error"):
+    if outcome in ("expected-failure", "unexpected-pass"):
+        return str(report.wasxfail)
+    if outcome in FAILING:
         crash = getattr(report.longrepr, "reprcrash", None)
         return crash.message if crash is not None else str(report.longrepr)
     return ""
 
 
-def write_atomically(path: str, document: dict) -> None:
-    """Write JSON to ``path`` via a temporary file and rename: readers never see half a file."""
+def write_atomically(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file and rename: readers never see half a file."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump(document, fh, indent=1, default=str)
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
     os.replace(tmp, path)
 
 
+def environment(config, backends: dict) -> dict:
+    """Run-level facts every record is read against."""
+    import torch
+
+    device = config._kvc_device
+    return {
+        "suite_version": package_version("kvconform") or "unknown",
+        "python": platform.python_version(),
+        "torch": torch.__version__, "hip": torch.version.hip, "cuda": torch.version.cuda,
+        "triton": package_version("triton") or package_version("pytorch-triton-rocm"),
+        "vllm": package_version("vllm"),
+        "device": device,
+        "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu",
+        "seed": config.getoption("seed"), "profile": config.getoption("profile"),
+        "standard": config.getoption("standard"),
+        "backends": backends,
+    }
+
+
 class ResultRecorder:
-    """A pytest plugin object: one record per test, JSON at session end."""
+    """A pytest plugin object: one record per test; JSON, HTML and the terminal matrix at the end."""
 
     def __init__(self, config, environment: dict):
         self.config = config
         self.environment = environment
         self.records: dict[str, dict] = {}
+        self.stale_expectations: list[dict] = []
 
     def pytest_runtest_logreport(self, report):
         props = dict(report.user_properties)
@@ -61,17 +97,45 @@ class ResultRecorder:
         if outcome is None or "backend" not in props:
             return
         previous = self.records.get(report.nodeid)
-        if previous and previous["outcome"] in ("failed", "error"):
+        if previous and previous["outcome"] in FAILING:
             return  # a teardown error after a failure keeps the first verdict
         self.records[report.nodeid] = {
-            "nodeid": report.nodeid, **props, "seed": self.config.getoption("seed"), "outcome": outcome,
+            "nodeid": report.nodeid,
+            **{k: props.get(k) for k in ("backend", "platform", "arch", "family", "check", "layout", "geometry", "kv_cache_dtype", "model_dtype", "repro")},
+            "seed": self.config.getoption("seed"), "outcome": outcome,
             "duration_s": round(report.duration, 4), "message": message_of(report, outcome),
+            "failure": props.get("failure"),
         }
+
+    def document(self) -> dict:
+        return {
+            "schema": SCHEMA, "created_unix": int(time.time()), "environment": self.environment,
+            "stale_expectations": self.stale_expectations,
+            "tests": sorted(self.records.values(), key=lambda r: r["nodeid"]),
+        }
+
+    @property
+    def json_path(self) -> str:
+        return self.config.getoption("kvc_json")
+
+    @property
+    def html_path(self) -> str:
+        return self.config.getoption("kvc_html") or os.path.splitext(self.json_path)[0] + ".html"
 
     def pytest_sessionfinish(self, session):
         if not self.records:
             return
-        write_atomically(self.config.getoption("kvc_json"), {
-            "schema": RESULTS_SCHEMA, "created_unix": int(time.time()),
-            "environment": self.environment, "tests": list(self.records.values()),
-        })
+        from .html import render_runs
+
+        document = self.document()
+        write_atomically(self.json_path, json.dumps(document, indent=1, default=str))
+        write_atomically(self.html_path, render_runs([document]))
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if not self.records:
+            return
+        from .terminal import print_matrix
+
+        print_matrix(terminalreporter, [self.document()])
+        terminalreporter.write_line(f"kvconform: results {os.path.abspath(self.json_path)}")
+        terminalreporter.write_line(f"kvconform: HTML report {os.path.abspath(self.html_path)}")

@@ -1,0 +1,24 @@
+"""The self-contained HTML compatibility report (Jinja2, autoescaped; no network, no scripts)."""
+
+from __future__ import annotations
+
+import time
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from .matrix import build
+from .results import FAILING
+from .svg import byte_map_svg
+from .terminal import cell_text
+
+_ENV = Environment(loader=PackageLoader("reports", "templates"), autoescape=select_autoescape(["html", "j2"]))
+
+
+def render_runs(documents: list[dict]) -> str:
+    """One HTML page for one or more result documents (columns: backend@platform)."""
+    stale = [entry for document in documents for entry in document.get("stale_expectations", [])]
+    return _ENV.get_template("report.html.j2").render(
+        runs=documents, matrix=build(documents), cell_text=cell_text, byte_map_svg=byte_map_svg,
+        failing=FAILING, stale=stale, total=sum(len(d["tests"]) for d in documents),
+        generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    )

@@ -1,0 +1,97 @@
+"""The pass/fail matrix: rows = checks, columns = backend@platform, built from result documents.
+
+One builder serves the terminal table, the HTML report and ``merge``; runs from different
+machines become different columns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter, defaultdict
+
+from .results import FAILING, SCHEMA
+
+# Worst first: a cell shows the worst outcome among its tests.
+SEVERITY = ("crashed", "timeout", "error", "failed", "unexpected-pass", "expected-failure", "skipped", "not-applicable", "passed")
+
+
+class SchemaError(ValueError):
+    pass
+
+
+def check_schema(document: dict, source: str) -> None:
+    """Refuse documents of another schema (major version) with a clear message."""
+    schema = document.get("schema")
+    if schema != SCHEMA:
+        raise SchemaError(f"{source}: results schema {schema!r} is not {SCHEMA!r}; re-run the suite with this kvconform version")
+
+
+def column_of(record: dict) -> str:
+    arch = record.get("arch")
+    return f"{record['backend']}@{record.get('platform') or '?'}{'-' + arch if arch else ''}"
+
+
+@dataclasses.dataclass
+class Cell:
+    row: str
+    column: str
+    records: list = dataclasses.field(default_factory=list)
+
+    @property
+    def counts(self) -> Counter:
+        return Counter(r["outcome"] for r in self.records)
+
+    @property
+    def worst(self) -> str:
+        counts = self.counts
+        return next((o for o in SEVERITY if counts[o]), "not-applicable")
+
+    @property
+    def anchor(self) -> str:
+        safe = "".join(c if c.isalnum() else "-" for c in f"{self.row}--{self.column}")
+        return f"cell-{safe}"
+
+
+@dataclasses.dataclass
+class Matrix:
+    rows: list[str]
+    columns: list[str]
+    cells: dict[tuple[str, str], Cell]
+    families: dict[str, str]
+
+    def cell(self, row: str, column: str) -> Cell | None:
+        return self.cells.get((row, column))
+
+    def column_totals(self, column: str) -> Counter:
+        total = Counter()
+        for row in self.rows:
+            cell = self.cell(row, column)
+            if cell:
+                total.update(cell.counts)
+        return total
+
+    def backend_specific_failures(self) -> list[tuple[str, str]]:
+        """(check, column) where exactly one column fails among ≥ 2 that ran the check."""
+        out = []
+        for row in self.rows:
+            ran = [c for c in self.columns if (cell := self.cell(row, c)) and cell.worst not in ("not-applicable", "skipped")]
+            failing = [c for c in ran if self.cell(row, c).worst in FAILING]
+            if len(ran) >= 2 and len(failing) == 1:
+                out.append((row, failing[0]))
+        return out
+
+
+def build(documents: list[dict]) -> Matrix:
+    cells: dict[tuple[str, str], Cell] = {}
+    families: dict[str, str] = {}
+    columns: dict[str, None] = {}
+    rows_by_family = defaultdict(dict)
+    for document in documents:
+        for record in document["tests"]:
+            row, column = record["check"], column_of(record)
+            families[row] = record.get("family") or "other"
+            rows_by_family[families[row]][row] = None
+            columns[column] = None
+            cells.setdefault((row, column), Cell(row, column)).records.append(record)
+    rows = [row for family in sorted(rows_by_family) for row in rows_by_family[family]]
+    return Matrix(rows=rows, columns=list(columns), cells=cells, families=families)
