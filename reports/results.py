@@ -125,8 +125,17 @@ class ResultRecorder:
     def pytest_sessionfinish(self, session):
         if not self.records:
             return
+        from . import expectations
         from .html import render_runs
 
+        entries = self.config._kvc_expectations
+        self.stale_expectations = [
+            {"file": e.file, "line": e.line, "pattern": e.pattern, "reason": e.reason}
+            for e in expectations.stale(entries, list(self.records.values()))
+        ]
+        update = self.config.getoption("update_expectations")
+        if update:
+            write_atomically(update, expectations.baseline(list(self.records.values()), entries))
         document = self.document()
         write_atomically(self.json_path, json.dumps(document, indent=1, default=str))
         write_atomically(self.html_path, render_runs([document]))
@@ -137,5 +146,12 @@ class ResultRecorder:
         from .terminal import print_matrix
 
         print_matrix(terminalreporter, [self.document()])
+        for entry in self.stale_expectations:
+            terminalreporter.write_line(f"kvconform: WARNING stale expectation {entry['file']}:{entry['line']} {entry['pattern']} matches no test that ran", yellow=True)
+        for record in self.records.values():
+            if record["outcome"] == "unexpected-pass":
+                terminalreporter.write_line(f"kvconform: UNEXPECTED PASS {record['nodeid']} ({record['message']}) — remove it from the expectations", yellow=True)
+        if self.config.getoption("update_expectations"):
+            terminalreporter.write_line(f"kvconform: wrote expectations baseline {self.config.getoption('update_expectations')}")
         terminalreporter.write_line(f"kvconform: results {os.path.abspath(self.json_path)}")
         terminalreporter.write_line(f"kvconform: HTML report {os.path.abspath(self.html_path)}")
