@@ -252,3 +252,4 @@ def pytest_runtest_makereport(item, call):
     details = getattr(call.excinfo.value, "details", None) if call.excinfo else None
     if details is not None:
         report.user_properties.append(("failure", details))
+        item.user_properties.append(("failure", details))  # JUnit reads the teardown report's copy
