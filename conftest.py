@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
+import threading
 
 import pytest
 import torch
@@ -42,6 +44,8 @@ def pytest_addoption(parser):
     group.addoption("--standard", choices=("e1", "e3"), default="e1", help="layout standard checks 1-2 hold backends to")
     group.addoption("--kvc-json", default="kvconform-results/results.json", help="where to write per-test JSON results")
     group.addoption("--kvc-html", default=None, help="where to write the HTML report (default: next to --kvc-json)")
+    group.addoption("--kvc-huge", action="store_true", help="also run the >2^31-element cache check on CPU (needs ~10 GiB RAM)")
+    group.addoption("--kvc-timeout", type=float, default=None, help="seconds per test; a test past it ends its process (use with xdist -n, or `kvconform run`) and is reported timeout")
     group.addoption("--expectations", default=None, help="vendor expectations file: known failures do not fail the run (docs/EXPECTATIONS.md)")
     group.addoption("--update-expectations", default=None, help="write the current failures as the next expectations baseline")
 
@@ -188,8 +192,12 @@ def _missing(feature: str, caps, config) -> str | None:
     if feature == "gpu":
         return None if _device(config).startswith("cuda") else "runs without a GPU here"
     if feature == "memory_2_31":  # cache past 2^31 elements + its reference copy
-        free = torch.cuda.mem_get_info()[0] if _device(config).startswith("cuda") else 0
-        return None if free >= 12 << 30 else "skipped by memory: a cache past 2^31 elements needs a GPU with >= 12 GiB free"
+        if _device(config).startswith("cuda"):
+            return None if torch.cuda.mem_get_info()[0] >= 12 << 30 else "skipped by memory: a cache past 2^31 elements needs >= 12 GiB free on the GPU"
+        if not config.getoption("kvc_huge"):
+            return "skipped by memory: a cache past 2^31 elements (>= 2 GiB, twice) runs on CPU only with --kvc-huge"
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return None if free >= 10 << 30 else f"skipped by memory: --kvc-huge needs >= 10 GiB free RAM, {free >> 30} GiB here"
     raise ValueError(f"kvc_needs: unknown feature {feature!r}")
 
 
@@ -206,6 +214,7 @@ def pytest_collection_modifyitems(config, items):
             ("backend", loaded.name), ("family", family), ("check", item.originalname),
             ("platform", backend.platform if backend else "unknown"), ("arch", backend.arch() if backend else ""),
         ]
+        item.add_marker(pytest.mark.xdist_group(loaded.name))  # --dist loadgroup: one worker per backend
         reason = _not_applicable(item, loaded, layout, standard)
         if reason:
             item.add_marker(pytest.mark.skip(reason=results.NOT_APPLICABLE + reason))
@@ -245,10 +254,35 @@ def case(request, case_param):
 
 
 @pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """--kvc-timeout watchdog: a hung test (a kernel that never returns, a Hypothesis loop that
+    swallows signals) ends its process; xdist restarts the worker and the report says timeout."""
+    limit = item.config.getoption("kvc_timeout")
+    if not limit:
+        yield
+        return
+
+    def expire():
+        results.mark_timeout(item.config, item.nodeid)
+        sys.stderr.write(f"kvconform: {item.nodeid} exceeded --kvc-timeout {limit}s; ending this process\n")
+        os._exit(70)
+
+    timer = threading.Timer(limit, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Attach a failed check's structured details (mismatches, byte map) to its report."""
     outcome = yield
     report = outcome.get_result()
+    if call.excinfo is not None and report.failed and not isinstance(call.excinfo.value, AssertionError):
+        report.user_properties.append(("raised", call.excinfo.typename))  # the backend raised: an error, not a finding
     details = getattr(call.excinfo.value, "details", None) if call.excinfo else None
     if details is not None:
         report.user_properties.append(("failure", details))

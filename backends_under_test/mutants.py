@@ -18,6 +18,7 @@ from .reference_backend import ReferenceBackend, flat_storage
 
 class Mutant(ReferenceBackend):
     catches: tuple[str, ...] = ()  # check families that must fail
+    suite_args: tuple[str, ...] = ()  # pytest options the catching check needs (CPU runs)
 
 
 def write_rows(views, key, value, slot_mapping, spec, k_scale, v_scale) -> None:
@@ -29,6 +30,21 @@ def write_rows(views, key, value, slot_mapping, spec, k_scale, v_scale) -> None:
     T = slots.numel()
     for view, rows, scale in zip(views, (key[:T][keep], value[:T][keep]), (k_scale, v_scale)):
         view[b, n] = R.ops.encode(rows, spec.geometry, scale, head_dim=1)
+
+
+def place_rows(cache, spec, slot_mapping, rows, offsets=None) -> None:
+    """Store already-encoded K and V rows (``rows = (k, v)``, cache dtype) at ``offsets(kv, b, n)``
+    element offsets — the reference's by default; mutants pass a wrong address function."""
+    g = spec.geometry
+    slots = slot_mapping.long().cpu()
+    keep = slots >= 0
+    s = slots[keep]
+    b, n = (s // g.block_size)[:, None, None], (s % g.block_size)[:, None, None]
+    heads, dims = torch.arange(g.num_kv_heads)[:, None], torch.arange(g.head_size)
+    bits = R.storage_bits(flat_storage(cache, spec), g)
+    for kv, data in enumerate(rows):
+        where = offsets(kv, b, n, heads, dims) if offsets else spec.layout.offsets(g, block=b, kv=kv, slot=n, head=heads, dim=dims)
+        bits[where.to(bits.device)] = data[: len(slots)][keep.to(data.device)].contiguous().view(bits.dtype)
 
 
 def strided_sides(cache, spec, block_stride=None, head_stride=None):
@@ -161,17 +177,8 @@ class ShuffleXFromModelDtype(Mutant):
         if not (spec.layout.is_tiled and g.dtype in R.fp8.FP8_DTYPES):
             return super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
         wrong_x = dataclasses.replace(g, dtype=key.dtype)  # same sizes, x from the model dtype
-        slots = slot_mapping.long()
-        keep = slots >= 0
-        s = slots[keep]
-        bits = R.storage_bits(flat_storage(cache, spec), g)
-        for kv, (rows, scale) in enumerate(((key, k_scale), (value, v_scale))):
-            codes = R.ops.encode(rows[: slots.numel()][keep], g, scale, head_dim=1).view(torch.uint8)
-            offs = spec.layout.offsets(
-                wrong_x, block=(s // g.block_size)[:, None, None], kv=kv, slot=(s % g.block_size)[:, None, None],
-                head=torch.arange(g.num_kv_heads)[:, None], dim=torch.arange(g.head_size),
-            )
-            bits[offs] = codes
+        rows = [R.ops.encode(x, g, scale, head_dim=1) for x, scale in ((key, k_scale), (value, v_scale))]
+        place_rows(cache, spec, slot_mapping, rows, lambda kv, b, n, h, d: spec.layout.offsets(wrong_x, block=b, kv=kv, slot=n, head=h, dim=d))
 
 
 # ----------------------------------------------------------------------------- swap / copy
@@ -248,6 +255,209 @@ class BlocksFirstDeniesConnector(Mutant):
         return False
 
 
+class BlockSizeFromWrongDim(Mutant):
+    """Reads ``block_size`` from ``key_cache.shape[2]`` (H) instead of ``shape[1]`` (N)."""
+
+    catches = ("write",)
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        slots = slot_mapping
+        views = strided_sides(cache, spec)
+        H = spec.geometry.num_kv_heads  # shape[2] of (B, N, H, D), taken as N
+        keep = slots >= 0
+        s = slots[keep].long()
+        for view, rows, scale in zip(views, (key[: len(slots)][keep], value[: len(slots)][keep]), (k_scale, v_scale)):
+            view[s // H, s % H] = R.ops.encode(rows, spec.geometry, scale, head_dim=1)
+
+
+class TokensFromKeyRows(Mutant):
+    """Launches one program per *key row*: rows past ``len(slot_mapping)`` read slot_mapping out
+    of bounds (here: wrapping) and overwrite real tokens."""
+
+    catches = ("write",)
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
+        T, rows = len(slot_mapping), key.shape[0]
+        if rows > T and T:
+            extra = torch.arange(T, rows)
+            stray = torch.full((rows,), -1, dtype=slot_mapping.dtype)
+            stray[extra] = slot_mapping.cpu()[extra % T]
+            stray = torch.where(torch.arange(rows) >= T, stray, -1)
+            super().write(cache, key, value, stray.to(slot_mapping.device), spec, k_scale=k_scale, v_scale=v_scale)
+
+
+class KScaleForVOnWrite(Mutant):
+    """Quantises V with ``k_scale``."""
+
+    catches = ("write",)
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=k_scale)
+
+
+class TruncatingFp8(Mutant):
+    """Rounds toward zero instead of to nearest-even when quantising to fp8."""
+
+    catches = ("write",)
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        g = spec.geometry
+        if g.dtype not in R.fp8.FP8_DTYPES:
+            return super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
+        rows = []
+        for x, scale in ((key, k_scale), (value, v_scale)):
+            exact = (x.float() / R.fp8._scale_like(scale, x, 1)).abs()
+            codes = R.ops.encode(x, g, scale, head_dim=1).view(torch.uint8).to(torch.int16)
+            magnitude = R.fp8.decode_codes(codes.to(torch.uint8), g.dtype).abs()
+            codes = torch.where((magnitude > exact) & (codes & 0x7F != 0), codes - 1, codes)  # one code toward zero
+            rows.append(codes.to(torch.uint8).view(g.dtype))
+        place_rows(cache, spec, slot_mapping, rows)
+
+
+class Gfx942Mutant(Mutant):
+    """Claims an MI300 (gfx942): its fp8 cache is float8_e4m3fnuz."""
+
+    platform = "rocm"
+
+    def arch(self):
+        return "gfx942"
+
+
+class FnToFnuzWithoutNegativeZeroFix(Gfx942Mutant):
+    """Stores e4m3fn codes of ``2·x/scale`` as fnuz bits: −0 (0x80) becomes fnuz NaN and
+    saturation lands on 448/2 instead of 240."""
+
+    catches = ("write",)
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        if spec.geometry.dtype != torch.float8_e4m3fnuz:
+            return super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
+        rows = [R.fp8.quantize(x, scale / 2, "float8_e4m3fn", head_dim=1).view(torch.float8_e4m3fnuz) for x, scale in ((key, k_scale), (value, v_scale))]
+        place_rows(cache, spec, slot_mapping, rows)
+
+
+class FnuzReadAsFn(Gfx942Mutant):
+    """Decode kernel reads the gfx942 cache's e4m3fnuz bytes as e4m3fn (values doubled)."""
+
+    catches = ("read",)
+
+    def decode(self, cache, query, block_table, seq_lens, spec, *, scale, k_scale, v_scale):
+        if spec.geometry.dtype != torch.float8_e4m3fnuz:
+            return super().decode(cache, query, block_table, seq_lens, spec, scale=scale, k_scale=k_scale, v_scale=v_scale)
+        as_fn = dataclasses.replace(spec, geometry=dataclasses.replace(spec.geometry, dtype=torch.float8_e4m3fn))
+        return R.paged_decode_attention(query, flat_storage(cache, spec), spec.layout, as_fn.geometry, block_table, seq_lens,
+                                        scale=scale, k_scale=k_scale, v_scale=v_scale)
+
+
+class Int32OffsetWraparound(Mutant):
+    """Element offsets computed in 32-bit arithmetic: past 2^31 they wrap (here: lose bit 31)
+    and the last blocks of a large cache are written over its first ones (F.2)."""
+
+    catches = ("write",)
+    suite_args = ("--kvc-huge", "-k", "2_31 and NHD")  # only a cache past 2^31 elements shows it
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        g = spec.geometry
+        rows = [R.ops.encode(x, g, scale, head_dim=1) for x, scale in ((key, k_scale), (value, v_scale))]
+        place_rows(cache, spec, slot_mapping, rows,
+                   lambda kv, b, n, h, d: spec.layout.offsets(g, block=b, kv=kv, slot=n, head=h, dim=d) & 0x7FFFFFFF)
+
+
+class ScribblesPastTheEnd(Mutant):
+    """A correct write that also stores one element past the end of the cache."""
+
+    catches = ("write",)
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
+        n = spec.layout.numel(spec.geometry)
+        torch.as_strided(cache, (n + 1,), (1,), cache.storage_offset())[n] = 0
+
+
+class DecodeIgnoresBlockTable(Mutant):
+    """Decode reads sequence s's j-th block from block ``j`` (as if the table were the identity)."""
+
+    catches = ("read",)
+
+    def decode(self, cache, query, block_table, seq_lens, spec, *, scale, k_scale, v_scale):
+        identity = torch.arange(block_table.numel(), device=block_table.device).view_as(block_table)
+        return super().decode(cache, query, identity, seq_lens, spec, scale=scale, k_scale=k_scale, v_scale=v_scale)
+
+
+class CopyBlocksDensePlaneStride(Mutant):
+    """Legacy ``copy_blocks`` on ``unbind(1)`` views: block ``b`` at ``b·N·H·D`` of each plane (F.10)."""
+
+    catches = ("copy",)
+
+    def __init__(self):
+        super().__init__(layouts=(R.blocks_first("NHD"), R.blocks_first("HND")))
+
+    def copy_blocks(self, cache, block_mapping, spec):
+        g = spec.geometry
+        for view in strided_sides(cache, spec, block_stride=g.block_size * g.num_kv_heads * g.head_size):
+            rows = view[block_mapping[:, 0]].clone()
+            view[block_mapping[:, 1]] = rows
+
+
+class SwapKViewBlockBytes(Mutant):
+    """``swap_blocks`` run once per split view with ``S = stride(0)·e``: the V view's copy takes
+    ``[V_b, K_{b+1}]`` and overwrites the neighbour block's K (F.9)."""
+
+    catches = ("swap",)
+
+    def __init__(self):
+        super().__init__(layouts=(R.blocks_first("NHD"), R.blocks_first("HND")))
+
+    def _swap(self, src, dst, src_ids, dst_ids, spec):
+        g = spec.geometry
+        plane = g.block_size * g.num_kv_heads * g.head_size
+        span = 2 * plane  # stride(0) of the K/V views, taken as "the block"
+        flat_src, flat_dst = (torch.as_strided(t, (g.num_blocks * span,), (1,), t.storage_offset()) for t in (src, dst))
+        for base in (0, plane):  # K view, then V view
+            for s, d in zip(src_ids.tolist(), dst_ids.tolist()):
+                length = min(span, flat_src.numel() - base - s * span, flat_dst.numel() - base - d * span)
+                flat_dst[base + d * span: base + d * span + length] = flat_src[base + s * span: base + s * span + length].to(flat_dst.device)
+
+    def swap_out(self, cache, host_cache, src_ids, dst_ids, spec):
+        self._swap(cache, host_cache, src_ids.cpu(), dst_ids.cpu(), spec)
+
+    def swap_in(self, host_cache, cache, src_ids, dst_ids, spec):
+        self._swap(host_cache, cache, src_ids.cpu(), dst_ids.cpu(), spec)
+
+
+class SwapOnlyBelowTwo(Mutant):
+    """A swap that indexes with ``ids & 1`` (written and tested with blocks 0 and 1 only)."""
+
+    catches = ("swap",)
+
+    def swap_out(self, cache, host_cache, src_ids, dst_ids, spec):
+        super().swap_out(cache, host_cache, src_ids & 1, dst_ids & 1, spec)
+
+    def swap_in(self, host_cache, cache, src_ids, dst_ids, spec):
+        super().swap_in(host_cache, cache, src_ids & 1, dst_ids & 1, spec)
+
+
+class ShuffleDenseBlockStride(Mutant):
+    """Pre-#43660 shuffle writer on ``unbind(1)`` views: side base ``b·H·D·N`` from each view's
+    pointer (dense planes) instead of ``stride(0) = 2·H·D·N``."""
+
+    catches = ("shuffle", "write")
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        layout, g = spec.layout, spec.geometry
+        if not (layout.is_tiled and layout.k_dims[0] == "B"):
+            return super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
+        plane = g.num_kv_heads * g.head_size * g.block_size
+
+        def dense_base(kv, b, n, h, d):  # the tile offset is right; only the block base is dense
+            tile = layout.offsets(g, block=0, kv=kv, slot=n, head=h, dim=d) - layout.offsets(g, block=0, kv=kv)
+            return kv * plane + b * plane + tile
+
+        rows = [R.ops.encode(x, g, scale, head_dim=1) for x, scale in ((key, k_scale), (value, v_scale))]
+        place_rows(cache, spec, slot_mapping, rows, dense_base)
+
+
 MUTANTS = {
     "kv_first_reported_as_blocks_first": KvFirstReportedAsBlocksFirst,
     "split_copies": SplitCopies,
@@ -264,4 +474,17 @@ MUTANTS = {
     "decode_k_scale_for_v": DecodeUsesKScaleForV,
     "kv_first_claims_connector": KvFirstClaimsConnector,
     "blocks_first_denies_connector": BlocksFirstDeniesConnector,
+    "write_block_size_from_wrong_dim": BlockSizeFromWrongDim,
+    "write_tokens_from_key_rows": TokensFromKeyRows,
+    "write_k_scale_for_v": KScaleForVOnWrite,
+    "fp8_truncates_instead_of_rne": TruncatingFp8,
+    "fn_to_fnuz_without_negative_zero_fix": FnToFnuzWithoutNegativeZeroFix,
+    "fnuz_read_as_fn": FnuzReadAsFn,
+    "write_scribbles_past_the_end": ScribblesPastTheEnd,
+    "write_int32_offset_wraparound": Int32OffsetWraparound,
+    "decode_ignores_block_table": DecodeIgnoresBlockTable,
+    "copy_blocks_dense_plane_stride": CopyBlocksDensePlaneStride,
+    "swap_k_view_block_bytes": SwapKViewBlockBytes,
+    "swap_only_below_two": SwapOnlyBelowTwo,
+    "shuffle_dense_block_stride": ShuffleDenseBlockStride,
 }

@@ -21,6 +21,7 @@ BUILTIN = {
     "triton_rocm_attn": "backends_under_test.triton_backends:TritonRocmAttn",
 }
 MUTANT_PREFIX = "mutant:"
+FAULT_PREFIX = "fault:"
 
 
 @dataclasses.dataclass
@@ -38,10 +39,12 @@ def entry_points() -> dict[str, str]:
 
 def registered() -> dict[str, str]:
     """Every name ``--backend`` accepts (besides ``pkg.module:attr`` and ``mutant:NAME``)."""
+    from .faults import FAULTS
     from .mutants import MUTANTS
 
     names = {**entry_points(), **BUILTIN}
-    names.update({MUTANT_PREFIX + m: f"backends_under_test.mutants:{cls.__name__}" for m, cls in MUTANTS.items()})  # shown in usage errors
+    names.update({MUTANT_PREFIX + m: f"backends_under_test.mutants:{cls.__name__}" for m, cls in MUTANTS.items()})
+    names.update({FAULT_PREFIX + f: f"backends_under_test.faults:{cls.__name__}" for f, cls in FAULTS.items()})
     return names
 
 
@@ -51,7 +54,7 @@ def default_names() -> list[str]:
 
 
 def is_known(name: str) -> bool:
-    return name in registered() or ":" in name and not name.startswith(MUTANT_PREFIX)
+    return name in registered() or ":" in name and not name.startswith((MUTANT_PREFIX, FAULT_PREFIX))
 
 
 def _target(name: str) -> str:
@@ -61,12 +64,6 @@ def _target(name: str) -> str:
 def load(name: str) -> Loaded:
     """Import and instantiate; any failure becomes ``Loaded.error`` with the traceback tail."""
     try:
-        if name.startswith(MUTANT_PREFIX):
-            from .mutants import MUTANTS
-
-            backend = MUTANTS[name[len(MUTANT_PREFIX):]]()
-            backend.name = name
-            return Loaded(name, backend=backend)
         module_name, _, attr = _target(name).partition(":")
         if not attr:
             raise ValueError(f"backend {name!r}: expected a registered name or 'pkg.module:attr'")

@@ -87,9 +87,12 @@ class Case:
     def allocate(self, spec: CacheSpec, *, host: bool = False, seed_offset: int = 0) -> Arena:
         """A guarded, random-filled arena with the backend's cache built over its middle."""
         nbytes = spec.layout.nbytes(spec.geometry)
-        fill_device = self.device if nbytes > HUGE_BYTES and not host else "cpu"
-        gen = torch.Generator(fill_device).manual_seed(self.seed * 7919 + seed_offset)
-        data = torch.randint(0, 256, (2 * GUARD + nbytes,), dtype=torch.uint8, generator=gen, device=fill_device)
+        if nbytes > HUGE_BYTES and self.device == "cpu":
+            data = torch.zeros(2 * GUARD + nbytes, dtype=torch.uint8)  # lazily mapped pages: only what is touched costs
+        else:
+            fill_device = self.device if nbytes > HUGE_BYTES and not host else "cpu"
+            gen = torch.Generator(fill_device).manual_seed(self.seed * 7919 + seed_offset)
+            data = torch.randint(0, 256, (2 * GUARD + nbytes,), dtype=torch.uint8, generator=gen, device=fill_device)
         if host:
             buffer = data.pin_memory() if torch.cuda.is_available() else data
         else:

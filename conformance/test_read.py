@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import reference as R
 
 from .assertions import assert_close
-from .harness import token_rows
+from .harness import FP8_KV_CACHE_DTYPES, token_rows
 from .strategies import scales, specs
 
 pytestmark = [pytest.mark.read, pytest.mark.kvc_op("decode")]
@@ -21,10 +21,20 @@ TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 @given(data=st.data())
 def test_paged_decode_equals_sdpa_on_the_dense_kv(case, data):
     spec = data.draw(specs(case, num_blocks=(6, 8)))
-    g = spec.geometry
-    seq_lens = data.draw(st.lists(st.integers(1, 2 * g.block_size), min_size=1, max_size=2), label="seq_lens")
+    seq_lens = data.draw(st.lists(st.integers(1, 2 * spec.geometry.block_size), min_size=1, max_size=2), label="seq_lens")
     group = data.draw(st.sampled_from([1, 2]), label="query heads per kv head")
-    k_scale, v_scale = data.draw(scales(case, g))
+    decode_and_compare(case, spec, seq_lens, group, *data.draw(scales(case, spec.geometry)))
+
+
+@pytest.mark.kvc_needs("fp8")
+@given(data=st.data())
+def test_fp8_decode_dequantizes_k_and_v_with_their_own_scales(case, data):
+    spec = data.draw(specs(case, FP8_KV_CACHE_DTYPES, num_blocks=(6, 8)))
+    decode_and_compare(case, spec, [spec.geometry.block_size + 3, 5], 2, torch.tensor([0.5]), torch.tensor([2.0]))
+
+
+def decode_and_compare(case, spec, seq_lens, group, k_scale, v_scale):
+    g = spec.geometry
     table = torch.arange(2, 6).flip(0).view(2, 2)[: len(seq_lens)]  # blocks ≥ 2, reversed
     arena = case.allocate(spec)
     dense = []

@@ -84,14 +84,15 @@ def test_fp8_codes_equal_the_reference_encoder_for_edge_values(case, data):
 @pytest.mark.kvc_needs("memory_2_31")
 def test_last_block_of_a_cache_past_2_31_elements_is_written(case):
     caps = case.backend.capabilities
-    probe = case.geometry(num_blocks=1, head_size=max(caps.head_sizes), num_kv_heads=max(caps.num_kv_heads))
+    kv_dtype = next((d for d in FP8_KV_CACHE_DTYPES if d in caps.kv_cache_dtypes), "auto")  # 1-byte elements: half the memory
+    probe = case.geometry(kv_cache_dtype=kv_dtype, num_blocks=1, head_size=max(caps.head_sizes), num_kv_heads=max(caps.num_kv_heads))
     per_block = 2 * probe.block_size * probe.num_kv_heads * probe.head_size
     g = dataclasses.replace(probe, num_blocks=(1 << 31) // per_block + 2)  # offsets of the last block exceed int32
-    spec = case.spec(g)
+    spec = case.spec(g, kv_dtype, caps.dtypes[0])
     last = g.num_blocks - 1
     slots = torch.tensor([last * g.block_size + g.block_size - 1, last * g.block_size, g.block_size + 3, -1])
     key, value = token_rows(spec, 4, case.seed)
     arena = case.allocate(spec)
-    expected = run_write(case, arena, key, value, slots, torch.ones(1), torch.ones(1), on_device=True)
+    expected = run_write(case, arena, key, value, slots, torch.tensor([0.5]), torch.tensor([0.5]), on_device=True)
     synchronize(case)
     assert_bytes_equal("write", case, expected, arena, f"{g.num_blocks} blocks, last block at element {last * per_block} > 2^31")

@@ -2,4 +2,6 @@ import sys
 
 from .cli import main
 
-sys.exit(main(["report", *sys.argv[1:]]) if sys.argv[1:2] and sys.argv[1] != "report" else main())
+# `python -m reports merge …` is short for `python -m reports report merge …`.
+args = sys.argv[1:]
+sys.exit(main(["report", *args] if args and args[0] not in ("report", "run", "-h", "--help") else args))

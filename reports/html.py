@@ -7,6 +7,7 @@ import time
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from .matrix import build
+from .mutation import kill_rates
 from .results import FAILING
 from .svg import byte_map_svg
 from .terminal import cell_text
@@ -17,7 +18,9 @@ _ENV = Environment(loader=PackageLoader("reports", "templates"), autoescape=sele
 def render_runs(documents: list[dict]) -> str:
     """One HTML page for one or more result documents (columns: backend@platform)."""
     stale = [entry for document in documents for entry in document.get("stale_expectations", [])]
+    mutants, families = kill_rates(documents)
     return _ENV.get_template("report.html.j2").render(
+        mutants=mutants, kill_families=families,
         runs=documents, matrix=build(documents), cell_text=cell_text, byte_map_svg=byte_map_svg,
         failing=FAILING, stale=stale, total=sum(len(d["tests"]) for d in documents),
         generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"),

@@ -10,6 +10,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import time
 
 SCHEMA = "kvconform-results/1"
@@ -32,8 +33,30 @@ def _skip_reason(report) -> str:
     return report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr or "")
 
 
+def timeout_dir(config) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(config.getoption("kvc_json"))), ".timeouts")
+
+
+def _marker(config, nodeid: str) -> str:
+    return os.path.join(timeout_dir(config), "".join(c if c.isalnum() else "_" for c in nodeid)[:200])
+
+
+def mark_timeout(config, nodeid: str) -> None:
+    """Leave a note (from the dying worker) that ``nodeid`` was ended by the watchdog."""
+    os.makedirs(timeout_dir(config), exist_ok=True)
+    with open(_marker(config, nodeid), "w") as fh:
+        fh.write(nodeid)
+
+
+def timed_out(config, nodeid: str) -> bool:
+    return os.path.exists(_marker(config, nodeid))
+
+
 def outcome_of(report) -> str | None:
     """The record outcome of one phase report, or None when the phase adds nothing."""
+    text = str(report.longrepr or "") if report.failed else ""
+    if "crashed while running" in text:  # pytest-xdist: the worker process died in this test
+        return "crashed"
     if hasattr(report, "wasxfail"):
         return "unexpected-pass" if report.passed else "expected-failure"
     if report.skipped:
@@ -86,25 +109,33 @@ class ResultRecorder:
     """A pytest plugin object: one record per test; JSON, HTML and the terminal matrix at the end."""
 
     def __init__(self, config, environment: dict):
+        shutil.rmtree(timeout_dir(config), ignore_errors=True)
         self.config = config
         self.environment = environment
         self.records: dict[str, dict] = {}
+        self.props: dict[str, dict] = {}  # per node id, from every phase (a crash report has none)
         self.stale_expectations: list[dict] = []
 
     def pytest_runtest_logreport(self, report):
-        props = dict(report.user_properties)
+        nodeid = report.nodeid.split("@", 1)[0]  # xdist --dist loadgroup appends "@group"
+        props = self.props.setdefault(nodeid, {})
+        props.update(report.user_properties)
         outcome = outcome_of(report)
+        if outcome == "crashed" and timed_out(self.config, nodeid):
+            outcome = "timeout"
+        if outcome == "failed" and dict(report.user_properties).get("raised"):
+            outcome = "error"
         if outcome is None or "backend" not in props:
             return
-        previous = self.records.get(report.nodeid)
+        previous = self.records.get(nodeid)
         if previous and previous["outcome"] in FAILING:
             return  # a teardown error after a failure keeps the first verdict
-        self.records[report.nodeid] = {
-            "nodeid": report.nodeid,
+        self.records[nodeid] = {
+            "nodeid": nodeid,
             **{k: props.get(k) for k in ("backend", "platform", "arch", "family", "check", "layout", "geometry", "kv_cache_dtype", "model_dtype", "repro")},
             "seed": self.config.getoption("seed"), "outcome": outcome,
             "duration_s": round(report.duration, 4), "message": message_of(report, outcome),
-            "failure": props.get("failure"),
+            "failure": props.get("failure"), "raised": dict(report.user_properties).get("raised"),
         }
 
     def document(self) -> dict:

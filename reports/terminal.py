@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .matrix import Cell, build
+from .mutation import kill_rates
 
 STYLE = {
     "passed": "green", "failed": "bold red", "error": "bold red", "crashed": "bold magenta",
@@ -48,6 +49,18 @@ def render(documents: list[dict], *, color: bool, width: int = 160) -> str:
     out = io.StringIO()
     console = Console(file=out, force_terminal=color, no_color=not color, width=width)
     console.print(table)
+    mutants, families = kill_rates(documents)
+    if mutants:
+        rate = Table(title="mutation kill rate (a mutant is killed when a check of the family it targets fails)")
+        for name in ("family", "killed", "aimed", "rate"):
+            rate.add_column(name)
+        for family, (killed, aimed) in families.items():
+            rate.add_row(family, str(killed), str(aimed), f"[{'green' if killed == aimed else 'bold red'}]{100 * killed / aimed:.0f}%[/]")
+        console.print(rate)
+        for row in mutants:
+            missed = [f for f in row["aimed"] if f not in row["killed"]]
+            if missed:
+                console.print(f"  [bold red]SURVIVED[/] mutant:{row['mutant']} in {', '.join(missed)}")
     specific = matrix.backend_specific_failures()
     if specific:
         console.print("[bold]Backend-specific failures[/] (fails on exactly one backend — that vendor's clearest action item):")

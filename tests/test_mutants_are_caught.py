@@ -18,10 +18,10 @@ CORRECT = {
 }
 
 
-def run_suite(tmp_path_factory, backends, standard):
+def run_suite(tmp_path_factory, backends, standard, *extra):
     out = tmp_path_factory.mktemp("suite") / "results.json"
-    cmd = [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider",
-           "--backend", ",".join(backends), "--standard", standard, "--kvc-json", str(out)]
+    cmd = [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider", "-n", "2",
+           "--backend", ",".join(backends), "--standard", standard, "--kvc-json", str(out), *extra]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert out.exists(), f"suite wrote no results (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     outcomes = defaultdict(lambda: defaultdict(list))
@@ -30,9 +30,13 @@ def run_suite(tmp_path_factory, backends, standard):
     return {backend: dict(families) for backend, families in outcomes.items()}
 
 
+PLAIN = sorted(m for m, cls in MUTANTS.items() if not cls.suite_args)
+NEEDS_OPTIONS = sorted(m for m, cls in MUTANTS.items() if cls.suite_args)
+
+
 @pytest.fixture(scope="module")
 def e1_results(tmp_path_factory):
-    names = [f"mutant:{m}" for m in MUTANTS] + [b for b, s in CORRECT.items() if s == "e1"]
+    names = [f"mutant:{m}" for m in PLAIN] + [b for b, s in CORRECT.items() if s == "e1"]
     return run_suite(tmp_path_factory, names, "e1")
 
 
@@ -41,13 +45,22 @@ def e3_results(tmp_path_factory):
     return run_suite(tmp_path_factory, [b for b, s in CORRECT.items() if s == "e3"], "e3")
 
 
-@pytest.mark.parametrize("mutant", sorted(MUTANTS))
-def test_mutant_is_caught_by_its_check_family(e1_results, mutant):
-    families = e1_results.get(f"mutant:{mutant}")
+def assert_caught(results, mutant):
+    families = results.get(f"mutant:{mutant}")
     assert families, f"mutant:{mutant} produced no results"
     for family in MUTANTS[mutant].catches:
         failed = [r for r in families.get(family, []) if r[0] in ("failed", "error")]
         assert failed, f"mutant:{mutant} survived the '{family}' checks: {families.get(family)}"
+
+
+@pytest.mark.parametrize("mutant", PLAIN)
+def test_mutant_is_caught_by_its_check_family(e1_results, mutant):
+    assert_caught(e1_results, mutant)
+
+
+@pytest.mark.parametrize("mutant", NEEDS_OPTIONS)
+def test_mutant_is_caught_when_its_check_runs(tmp_path_factory, mutant):
+    assert_caught(run_suite(tmp_path_factory, [f"mutant:{mutant}"], "e1", *MUTANTS[mutant].suite_args), mutant)
 
 
 @pytest.mark.parametrize("backend", sorted(CORRECT))

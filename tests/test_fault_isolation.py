@@ -1,0 +1,33 @@
+"""A backend that aborts its process, hangs, leaves a sticky device error or fails to import
+shows crashed / timeout / error in its own cells, while every other backend's results are
+still produced (``kvconform run``: one process per backend, xdist restarts, --kvc-timeout)."""
+
+import json
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BACKENDS = ["reference", "fault:crash_on_write", "fault:hang_on_write", "fault:sticky_device_error", "missing_vendor.adapter:Backend"]
+
+
+def test_faulty_backends_fail_in_their_own_cells_and_the_run_completes(tmp_path):
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "reports", "run", "--backend", ",".join(BACKENDS), "--kvc-timeout", "3", "-j", "3",
+         "--out", str(tmp_path), "--", "-m", "write", "-k", "padding_slots"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    elapsed = time.monotonic() - start
+    outcomes = defaultdict(set)
+    for record in json.loads((tmp_path / "results.json").read_text())["tests"]:
+        outcomes[record["backend"]].add(record["outcome"])
+    assert outcomes["reference"] == {"passed"}
+    assert outcomes["fault:crash_on_write"] == {"crashed"}
+    assert outcomes["fault:hang_on_write"] == {"timeout"}
+    assert outcomes["fault:sticky_device_error"] == {"error"}
+    assert outcomes["missing_vendor.adapter:Backend"] == {"error"}
+    assert proc.returncode == 1 and (tmp_path / "results.html").exists()
+    assert elapsed < 300, f"isolation run took {elapsed:.0f} s"
