@@ -28,7 +28,7 @@ def kill_rates(documents: list[dict]) -> tuple[list[dict], dict[str, tuple[int, 
     for name in sorted(present):
         aimed = MUTANTS[name].catches
         killed = [f for f in aimed if f in failing[name]]
-        rows.append({"mutant": name, "doc": (MUTANTS[name].__doc__ or "").strip().splitlines()[0], "aimed": list(aimed), "killed": killed})
+        rows.append({"mutant": name, "doc": " ".join((MUTANTS[name].__doc__ or "").split()), "aimed": list(aimed), "killed": killed})
         for family in aimed:
             families[family][1] += 1
             families[family][0] += family in killed
