@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, Phase, settings
 from backends_under_test import registry
 from reports import expectations, results
 
-FAMILIES = ("shape", "split", "write", "shuffle", "swap", "copy", "read", "gating")
+FAMILIES = ("shape", "split", "write", "shuffle", "swap", "copy", "read", "gating", "equivalence")
 # quick: a cheap verdict — few examples, failing examples reported as found (no shrinking);
 # full: thorough, and failures shrink to a minimal example.
 PROFILES = {
@@ -46,6 +46,8 @@ def pytest_addoption(parser):
     group.addoption("--kvc-html", default=None, help="where to write the HTML report (default: next to --kvc-json)")
     group.addoption("--kvc-huge", action="store_true", help="also run the >2^31-element cache check on CPU (needs ~10 GiB RAM)")
     group.addoption("--kvc-timeout", type=float, default=None, help="seconds per test; a test past it ends its process (use with xdist -n, or `kvconform run`) and is reported timeout")
+    group.addoption("--export-digests", default=None, help="write this run's equivalence digests (for --compare-digests on another machine)")
+    group.addoption("--compare-digests", default=None, help="compare this run's digests with a file written by --export-digests")
     group.addoption("--expectations", default=None, help="vendor expectations file: known failures do not fail the run (docs/EXPECTATIONS.md)")
     group.addoption("--update-expectations", default=None, help="write the current failures as the next expectations baseline")
 
@@ -55,7 +57,7 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{family}: kvconform check family {family}")
     config.addinivalue_line("markers", "kvc_op(name): needs the backend to declare op NAME")
     config.addinivalue_line("markers", "kvc_layouts(kind): which declared layouts to run on: all | tiled | standard | none")
-    config.addinivalue_line("markers", "kvc_needs(feature): needs fp8 | single_kv_head | standard_e1 | gpu | memory_2_31")
+    config.addinivalue_line("markers", "kvc_needs(feature): needs fp8 | single_kv_head | standard_e1 | gpu | memory_2_31 | compare_digests")
     seed = config.getoption("seed")
     settings.register_profile(
         "kvconform", database=None, deadline=None, derandomize=False,
@@ -65,12 +67,24 @@ def pytest_configure(config):
     config.option.hypothesis_seed = str(seed)  # read by Hypothesis' own plugin
     config._kvc_backends = _selected_backends(config)
     config._kvc_device = _device(config)
+    config._kvc_compare = _load_compare(config.getoption("compare_digests"))
     try:
         config._kvc_expectations = expectations.parse(config.getoption("expectations")) if config.getoption("expectations") else []
     except expectations.ExpectationsError as exc:
         raise pytest.UsageError(f"--expectations: {exc}") from exc
     if not hasattr(config, "workerinput"):  # xdist workers send reports to the controller
         config.pluginmanager.register(results.ResultRecorder(config, results.environment(config, _backend_facts(config))), "kvconform-results")
+
+
+def _load_compare(path):
+    if not path:
+        return None
+    from reports import digests
+
+    try:
+        return digests.load(path)
+    except digests.DigestFileError as exc:
+        raise pytest.UsageError(f"--compare-digests: {exc}") from exc
 
 
 def _selected_backends(config) -> dict[str, registry.Loaded]:
@@ -169,6 +183,11 @@ def _not_applicable(item, loaded, layout, standard) -> str | None:
     op = item.get_closest_marker("kvc_op")
     if op and op.args[0] not in caps.ops:
         return f"{backend.name} does not declare op '{op.args[0]}'"
+    golden = getattr(item, "callspec", None) and item.callspec.params.get("golden_case")
+    if golden is not None:
+        reason = _golden_case_unsupported(golden, caps, layout, backend)
+        if reason:
+            return f"{backend.name} {reason}"
     for need in item.iter_markers("kvc_needs"):
         reason = _missing(need.args[0], caps, item.config)
         if reason:
@@ -176,6 +195,22 @@ def _not_applicable(item, loaded, layout, standard) -> str | None:
     if item.get_closest_marker("kvc_layouts") and item.get_closest_marker("kvc_layouts").args[0] == "standard":
         if standard not in caps.standards:
             return f"{backend.name} declares standards {sorted(caps.standards) or 'none'}, not --standard {standard}"
+    return None
+
+
+def _golden_case_unsupported(golden, caps, layout, backend) -> str | None:
+    """Why a golden equivalence case lies outside a backend's declared capabilities."""
+    from conformance.equivalence import geometry
+
+    for what, value, allowed in (("kv_cache_dtype", golden.kv_cache_dtype, caps.kv_cache_dtypes), ("dtype", golden.model_dtype, caps.dtypes),
+                                 ("block_size", golden.block_size, caps.block_sizes), ("head_size", golden.head_size, caps.head_sizes),
+                                 ("num_kv_heads", golden.num_kv_heads, caps.num_kv_heads)):
+        if value not in allowed:
+            return f"does not declare {what}={value} (golden case {golden.name})"
+    try:
+        layout.validate(geometry(golden, backend.cache_dtype(golden.kv_cache_dtype, golden.model_dtype)))
+    except ValueError as exc:
+        return f"layout cannot hold golden case {golden.name}: {exc}"
     return None
 
 
@@ -189,6 +224,8 @@ def _missing(feature: str, caps, config) -> str | None:
         return None if 1 in caps.num_kv_heads else "does not declare num_kv_heads=1"
     if feature == "standard_e1":
         return None if config.getoption("standard") == "e1" else "is checked against --standard e3 (check is E1-specific)"
+    if feature == "compare_digests":
+        return None if config._kvc_compare else "needs --compare-digests FILE"
     if feature == "gpu":
         return None if _device(config).startswith("cuda") else "runs without a GPU here"
     if feature == "memory_2_31":  # cache past 2^31 elements + its reference copy

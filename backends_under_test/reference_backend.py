@@ -36,7 +36,7 @@ class ReferenceBackend(Backend):
             standards=standards,
             dtypes=(torch.bfloat16, torch.float16, torch.float32),
             kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
-            head_sizes=(16, 32, 64),
+            head_sizes=(16, 32, 64, 128),
             block_sizes=(16, 32),
             scale_types=("tensor", "head"),
         )
@@ -86,6 +86,15 @@ def e3_model() -> ReferenceBackend:
     """vLLM 0.33.0's ``[L, B, H, N, C]`` standard: three connector-friendly permutations + 2-slot shuffle."""
     layouts = (R.standardized("LBNHC"), R.standardized("LBHNC"), R.standardized("BLHNC"), R.standardized("LBHNC", spec="two_slot", shuffle=True))
     return ReferenceBackend(layouts=layouts, standards=frozenset({"e3"}))
+
+
+class Gfx942Reference(ReferenceBackend):
+    """The reference as an MI300 (gfx942) would run it: kv_cache_dtype "fp8" stores e4m3fnuz."""
+
+    platform = "rocm"
+
+    def arch(self):
+        return "gfx942"
 
 
 # Small geometry used to read layout facts (§A.1: probe, never guess from a live tensor).

@@ -15,6 +15,7 @@ BUILTIN = {
     "reference": "backends_under_test.reference_backend:ReferenceBackend",
     "reference_kv_first": "backends_under_test.reference_backend:kv_first_model",
     "reference_e3": "backends_under_test.reference_backend:e3_model",
+    "reference_gfx942": "backends_under_test.reference_backend:Gfx942Reference",
     "triton_flash": "backends_under_test.triton_backends:TritonFlash",
     "triton_unified": "backends_under_test.triton_backends:TritonUnified",
     "triton_aiter": "backends_under_test.triton_backends:TritonAiter",

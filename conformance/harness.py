@@ -84,10 +84,10 @@ class Case:
             head_size=head_size, dtype=self.backend.cache_dtype(kv_cache_dtype, model_dtype), num_layers=num_layers,
         )
 
-    def allocate(self, spec: CacheSpec, *, host: bool = False, seed_offset: int = 0) -> Arena:
-        """A guarded, random-filled arena with the backend's cache built over its middle."""
+    def allocate(self, spec: CacheSpec, *, host: bool = False, seed_offset: int = 0, zero: bool = False) -> Arena:
+        """A guarded, random-filled (or zeroed) arena with the backend's cache built over its middle."""
         nbytes = spec.layout.nbytes(spec.geometry)
-        if nbytes > HUGE_BYTES and self.device == "cpu":
+        if zero or nbytes > HUGE_BYTES and self.device == "cpu":
             data = torch.zeros(2 * GUARD + nbytes, dtype=torch.uint8)  # lazily mapped pages: only what is touched costs
         else:
             fill_device = self.device if nbytes > HUGE_BYTES and not host else "cpu"

@@ -136,6 +136,7 @@ class ResultRecorder:
             "seed": self.config.getoption("seed"), "outcome": outcome,
             "duration_s": round(report.duration, 4), "message": message_of(report, outcome),
             "failure": props.get("failure"), "raised": dict(report.user_properties).get("raised"),
+            "digest": props.get("digest"),
         }
 
     def document(self) -> dict:
@@ -164,6 +165,10 @@ class ResultRecorder:
             {"file": e.file, "line": e.line, "pattern": e.pattern, "reason": e.reason}
             for e in expectations.stale(entries, list(self.records.values()))
         ]
+        if self.config.getoption("export_digests"):
+            from .digests import export
+
+            export(self.config.getoption("export_digests"), list(self.records.values()))
         update = self.config.getoption("update_expectations")
         if update:
             write_atomically(update, expectations.baseline(list(self.records.values()), entries))

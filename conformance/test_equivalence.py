@@ -1,0 +1,108 @@
+"""Cross-platform byte equivalence — the same logical KV gives the same bytes: canonical block
+bytes equal the committed reference digests (any layout, per fp8 format), page bytes equal the
+reference layout's, and with ``--compare-digests`` equal another machine's run (LAYOUT_SPEC §D.3)."""
+
+import base64
+
+import pytest
+import torch
+
+import reference as R
+
+from .assertions import ConformanceFailure, describe
+from .equivalence import CASES, digest_record, geometry, golden_key, inputs, load_golden, scales, written_blocks
+from .ops import synchronize
+
+pytestmark = [pytest.mark.equivalence, pytest.mark.kvc_op("write")]
+
+
+def written(case, golden_case):
+    """The backend's digest record for one golden case (zero-filled cache, CPU-made inputs)."""
+    g = geometry(golden_case, case.backend.cache_dtype(golden_case.kv_cache_dtype, golden_case.model_dtype))
+    spec = case.spec(g, golden_case.kv_cache_dtype, golden_case.model_dtype)
+    arena = case.allocate(spec, zero=True)
+    key, value, slots = inputs(golden_case)
+    dev = case.device
+    fmt = str(g.dtype).removeprefix("torch.") if g.dtype in R.fp8.FP8_DTYPES else None
+    k_scale, v_scale = scales(fmt)
+    case.backend.write(arena.cache, key.to(dev), value.to(dev), slots.to(dev), spec, k_scale=k_scale.to(dev), v_scale=v_scale.to(dev))
+    synchronize(case)
+    record = digest_record(arena.region, spec.layout, golden_case, g, fmt)
+    case.record("digest", record)
+    return record, arena, spec
+
+
+def first_canonical_difference(spec, golden_case, ours: torch.Tensor, theirs: torch.Tensor) -> str:
+    """Logical coordinates of the first differing canonical element."""
+    g = spec.geometry
+    e = g.element_size
+    at = int((ours != theirs).nonzero()[0]) // e
+    per_block = 2 * g.block_size * g.num_kv_heads * g.head_size
+    block = written_blocks(golden_case)[at // per_block]
+    kv, n, h, d = torch.unravel_index(torch.tensor(at % per_block), (2, g.block_size, g.num_kv_heads, g.head_size))
+    return describe({"layer": 0, "block": block, "kv": int(kv), "slot": int(n), "head": int(h), "dim": int(d)})
+
+
+@pytest.mark.parametrize("golden_case", CASES, ids=[c.name for c in CASES])
+def test_canonical_bytes_equal_the_committed_reference_digests(case, golden_case):
+    record, arena, spec = written(case, golden_case)
+    golden = load_golden()["cases"][golden_key(golden_case, record["fp8_format"])]
+    if record["canonical"] != golden["canonical"]:
+        expected = torch.zeros(arena.region.numel(), dtype=torch.uint8)
+        key, value, slots = inputs(golden_case)
+        k_scale, v_scale = scales(record["fp8_format"])
+        R.reshape_and_cache(key, value, expected, spec.layout, spec.geometry, slots, k_scale=k_scale, v_scale=v_scale)
+        blocks = written_blocks(golden_case)
+        ours = R.canonical_block_bytes(arena.region.cpu(), spec.layout, spec.geometry, blocks).flatten()
+        theirs = R.canonical_block_bytes(expected, spec.layout, spec.geometry, blocks).flatten()
+        where = first_canonical_difference(spec, golden_case, ours, theirs)
+        raise ConformanceFailure(
+            f"equivalence: canonical digest {record['canonical'][:16]}… is not the reference's {golden['canonical'][:16]}…; "
+            f"{int((ours != theirs).sum())} bytes differ, first at {where}\n  repro: {case.repro}",
+            {"property": "equivalence", "mismatches": [{"where": where, "expected": golden["canonical"], "actual": record["canonical"]}]},
+        )
+    page = golden["pages"].get(record["layout"])
+    if page is not None and page != record["page"]:
+        raise ConformanceFailure(
+            f"equivalence: page bytes of layout {record['layout']} differ from the reference layout's although the "
+            f"canonical bytes agree (padding or unwritten slots were touched)\n  repro: {case.repro}",
+            {"property": "equivalence", "mismatches": [{"where": "page digest", "expected": page, "actual": record["page"]}]},
+        )
+
+
+@pytest.mark.kvc_needs("compare_digests")
+@pytest.mark.parametrize("golden_case", CASES, ids=[c.name for c in CASES])
+def test_digests_equal_the_exported_run(case, golden_case, request):
+    record, _, _ = written(case, golden_case)
+    exported = request.config._kvc_compare
+    theirs = [e for e in exported["entries"] if e["case"] == golden_case.name and e["layout"] == record["layout"]]
+    if not theirs:
+        pytest.skip(f"not applicable: {exported['path']} has no {record['layout']} digest for {golden_case.name}")
+    for entry in theirs:
+        verdict = compare_entries(record, entry)
+        if verdict is not None:
+            raise ConformanceFailure(f"equivalence: vs {entry['backend']}@{entry['platform']} in {exported['path']}: {verdict}\n  repro: {case.repro}",
+                                     {"property": "equivalence", "mismatches": [{"where": entry["backend"], "expected": entry["page"], "actual": record["page"]}]})
+
+
+def compare_entries(ours: dict, theirs: dict) -> str | None:
+    """None when equal (or exactly equivalent after fp8 conversion), else why not."""
+    for field in ("era", "layout_shape", "geometry", "kv_cache_dtype"):
+        if field != "geometry" and ours[field] != theirs[field] or field == "geometry" and ours[field].split("-")[:5] != theirs[field].split("-")[:5]:
+            return f"header mismatch: {field} {theirs[field]!r} there, {ours[field]!r} here (same byte count is not the same layout)"
+    if ours["fp8_format"] == theirs["fp8_format"]:
+        return None if ours["page"] == theirs["page"] else f"page digest {theirs['page'][:16]}… there, {ours['page'][:16]}… here"
+    local = torch.frombuffer(bytearray(base64.b64decode(ours["canonical_b64"])), dtype=torch.uint8)
+    remote = torch.frombuffer(bytearray(base64.b64decode(theirs["canonical_b64"])), dtype=torch.uint8)
+    ratio = theirs["k_scale"] / ours["k_scale"]  # value kept: q_here · s_here = q_there · s_there
+    if theirs["v_scale"] / ours["v_scale"] != ratio:
+        return f"k/v scale ratios differ ({theirs['k_scale']}/{theirs['v_scale']} there, {ours['k_scale']}/{ours['v_scale']} here)"
+    converted, exact = R.fp8.convert_codes(remote, theirs["fp8_format"], ours["fp8_format"], ratio)
+    here, there = R.fp8.decode_codes(local, ours["fp8_format"]), R.fp8.decode_codes(converted, ours["fp8_format"])
+    same_value = (here == there) | (here.isnan() & there.isnan())  # −0 == +0: the conversion's −0 → +0 is allowed
+    bad = (~exact) | (~same_value)
+    if bool(bad.any()):
+        idx = bad.nonzero().flatten()[:4].tolist()
+        return (f"{theirs['fp8_format']} → {ours['fp8_format']} is not exact on {int(bad.sum())} of {bad.numel()} elements; "
+                f"first codes there {[hex(int(remote[i])) for i in idx]} vs here {[hex(int(local[i])) for i in idx]}")
+    return None
