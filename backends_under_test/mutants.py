@@ -350,6 +350,20 @@ class FnuzReadAsFn(Gfx942Mutant):
                                         scale=scale, k_scale=k_scale, v_scale=v_scale)
 
 
+class OneByteFlipped(Mutant):
+    """A write that is right except for one flipped bit in one written element."""
+
+    catches = ("write", "equivalence")
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
+        first = slot_mapping[slot_mapping >= 0][:1].long().cpu()
+        if first.numel():
+            g = spec.geometry
+            offset = int(spec.layout.offsets(g, block=first // g.block_size, kv=1, slot=first % g.block_size, head=0, dim=0))
+            R.storage_bits(flat_storage(cache, spec), g)[offset] ^= 1
+
+
 class Int32OffsetWraparound(Mutant):
     """Element offsets computed in 32-bit arithmetic: past 2^31 they wrap (here: lose bit 31)
     and the last blocks of a large cache are written over its first ones (F.2)."""
@@ -482,6 +496,7 @@ MUTANTS = {
     "fnuz_read_as_fn": FnuzReadAsFn,
     "write_scribbles_past_the_end": ScribblesPastTheEnd,
     "write_int32_offset_wraparound": Int32OffsetWraparound,
+    "write_one_bit_flipped": OneByteFlipped,
     "decode_ignores_block_table": DecodeIgnoresBlockTable,
     "copy_blocks_dense_plane_stride": CopyBlocksDensePlaneStride,
     "swap_k_view_block_bytes": SwapKViewBlockBytes,

@@ -6,6 +6,7 @@ import time
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from .equivalence import equivalence_matrix
 from .matrix import build
 from .mutation import kill_rates
 from .results import FAILING
@@ -19,7 +20,9 @@ def render_runs(documents: list[dict]) -> str:
     """One HTML page for one or more result documents (columns: backend@platform)."""
     stale = [entry for document in documents for entry in document.get("stale_expectations", [])]
     mutants, families = kill_rates(documents)
+    eq_columns, eq_cells = equivalence_matrix(documents)
     return _ENV.get_template("report.html.j2").render(
+        eq_columns=eq_columns if len(eq_columns) > 1 else [], eq_cells=eq_cells,
         mutants=mutants, kill_families=families,
         runs=documents, matrix=build(documents), cell_text=cell_text, byte_map_svg=byte_map_svg,
         failing=FAILING, stale=stale, total=sum(len(d["tests"]) for d in documents),
