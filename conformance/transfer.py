@@ -52,7 +52,7 @@ PAIRS = (
 )
 
 
-def _setup(side: Side):
+def _setup(side: Side, device: str = "cpu"):
     from backends_under_test import registry
     from backends_under_test.contract import CacheSpec
 
@@ -62,8 +62,9 @@ def _setup(side: Side):
     g = R.Geometry(num_blocks=FIRST_BLOCK + 4, block_size=16, num_kv_heads=2, head_size=64, dtype=dtype)
     scale = 2.0 if dtype == torch.float8_e4m3fnuz else 1.0  # vLLM doubles checkpoint scales on fnuz
     spec = CacheSpec(layout=layout, geometry=g, kv_cache_dtype=side.kv_cache_dtype, model_dtype=torch.bfloat16)
-    buffer = torch.zeros(layout.nbytes(g), dtype=torch.uint8)
-    return backend, spec, buffer, backend.allocate(buffer, spec), torch.tensor([0.5 * scale]), torch.tensor([0.25 * scale])
+    buffer = torch.zeros(layout.nbytes(g), dtype=torch.uint8, device=device)
+    scales = torch.tensor([0.5 * scale], device=device), torch.tensor([0.25 * scale], device=device)
+    return backend, spec, buffer, backend.allocate(buffer, spec), *scales
 
 
 def _kv():
@@ -79,34 +80,34 @@ def _regions(spec, blocks) -> list[tuple[int, int]]:
     return [run for b in blocks for run in R.block_byte_runs(omap, spec.geometry.element_size, 0, b)]
 
 
-def _send(pair: Pair, blocks) -> dict:
-    backend, spec, buffer, cache, k_scale, v_scale = _setup(pair.sender)
-    key, value, slots = _kv()
+def _send(pair: Pair, blocks, device: str) -> dict:
+    backend, spec, buffer, cache, k_scale, v_scale = _setup(pair.sender, device)
+    key, value, slots = (t.to(device) for t in _kv())
     backend.write(cache, key, value, slots, spec, k_scale=k_scale, v_scale=v_scale)
     regions = _regions(spec, blocks)
     payloads = [buffer[start:end].clone() for start, end in regions]
     if pair.wrong_plane:  # ship V's bytes in K's place: the second half of each page over the first
         payloads = [torch.cat([p[len(p) // 2:], p[len(p) // 2:]]) for p in payloads]
     header = json.dumps({"regions": regions, "k_scale": float(k_scale), "v_scale": float(v_scale)}).encode()
-    dist.send(torch.tensor([len(header)]), dst=1)
-    dist.send(torch.frombuffer(bytearray(header), dtype=torch.uint8), dst=1)
+    dist.send(torch.tensor([len(header)], device=device), dst=1)
+    dist.send(torch.frombuffer(bytearray(header), dtype=torch.uint8).to(device), dst=1)
     for payload in payloads:
         dist.send(payload, dst=1)
     return {"regions": len(regions), "bytes": sum(end - start for start, end in regions)}
 
 
-def _receive(pair: Pair, blocks) -> dict:
-    size = torch.zeros(1, dtype=torch.int64)
+def _receive(pair: Pair, blocks, device: str) -> dict:
+    size = torch.zeros(1, dtype=torch.int64, device=device)
     dist.recv(size, src=0)
-    raw = torch.zeros(int(size), dtype=torch.uint8)
+    raw = torch.zeros(int(size), dtype=torch.uint8, device=device)
     dist.recv(raw, src=0)
-    header = json.loads(bytes(raw.tolist()).decode())
-    _, a_spec, a_buffer, _, _, _ = _setup(pair.sender)  # A's layout, for the staging copy
+    header = json.loads(bytes(raw.cpu().tolist()).decode())
+    _, a_spec, a_buffer, _, _, _ = _setup(pair.sender, device)  # A's layout, for the staging copy
     for start, end in header["regions"]:
-        region = torch.zeros(end - start, dtype=torch.uint8)
+        region = torch.zeros(end - start, dtype=torch.uint8, device=device)
         dist.recv(region, src=0)
         a_buffer[start:end] = region
-    backend, spec, buffer, cache, k_scale, v_scale = _setup(pair.receiver)
+    backend, spec, buffer, cache, k_scale, v_scale = _setup(pair.receiver, device)
     canonical = R.canonical_block_bytes(a_buffer, a_spec.layout, a_spec.geometry, blocks)
     if a_spec.geometry.dtype != spec.geometry.dtype:
         ratio = header["k_scale"] / float(k_scale)
@@ -119,20 +120,23 @@ def _receive(pair: Pair, blocks) -> dict:
     R.place_canonical_block_bytes(buffer, spec.layout, spec.geometry, blocks, canonical)
     key, value, _ = _kv()
     query = torch.randn(1, 4, 64, generator=torch.Generator().manual_seed(SEED + 1)).to(torch.bfloat16)
-    table = torch.tensor([blocks])
-    got = backend.decode(cache, query, table, torch.tensor([TOKENS]), spec, scale=64 ** -0.5, k_scale=k_scale, v_scale=v_scale)
+    table = torch.tensor([blocks], device=device)
+    got = backend.decode(cache, query.to(device), table, torch.tensor([TOKENS], device=device), spec, scale=64 ** -0.5, k_scale=k_scale, v_scale=v_scale).cpu()
     sent = [R.ops.decode(R.ops.encode(t, a_spec.geometry, s, 1), a_spec.geometry, s, 1) for t, s in ((key, header["k_scale"]), (value, header["v_scale"]))]
     want = F.scaled_dot_product_attention(query[0].float()[:, None], *(t.transpose(0, 1).repeat_interleave(2, 0) for t in sent))[:, 0]
     err = float((got[0].float() - want).abs().max())
     return {"ok": err <= 2e-2, "max_abs_err": err}
 
 
-def _worker(rank: int, pair: Pair, port: int, results) -> None:
+def _worker(rank: int, pair: Pair, port: int, results, engine: str) -> None:
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+        device = f"cuda:{rank}" if engine == "nccl" else "cpu"
+        if engine == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(engine, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60))
         blocks = sorted({int(s) // 16 for s in _kv()[2].tolist()})
         start = time.perf_counter()
-        out = _send(pair, blocks) if rank == 0 else _receive(pair, blocks)
+        out = _send(pair, blocks, device) if rank == 0 else _receive(pair, blocks, device)
         dist.barrier()
         results.put((rank, {**out, "seconds": time.perf_counter() - start}))
     except Exception:  # noqa: BLE001 - reported to the parent, which fails the check
@@ -148,12 +152,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_pair(pair: Pair, timeout: float = 120.0) -> dict:
-    """Run one transfer in two fresh processes; always reaps them. Returns the receiver's verdict."""
+def run_pair(pair: Pair, timeout: float = 120.0, engine: str = "gloo") -> dict:
+    """Run one transfer in two fresh processes (gloo: CPU; nccl: GPUs 0 and 1); always reaps them.
+    Returns the receiver's verdict."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(rank, pair, port, results), daemon=True) for rank in range(2)]
+    procs = [ctx.Process(target=_worker, args=(rank, pair, port, results, engine), daemon=True) for rank in range(2)]
     start = time.perf_counter()
     for p in procs:
         p.start()
@@ -177,9 +182,13 @@ def run_pair(pair: Pair, timeout: float = 120.0) -> dict:
 
 
 def main() -> None:
-    """``python -m conformance.transfer``: every pair plus the wrong-plane sender, with timings."""
+    """``python -m conformance.transfer [gloo|nccl]``: every pair plus the wrong-plane sender, with timings."""
+    import sys
+
+    engine = sys.argv[1] if len(sys.argv) > 1 else "gloo"
+    print(f"engine {engine}")
     for pair in PAIRS + (dataclasses.replace(PAIRS[0], name="wrong-plane (must fail)", wrong_plane=True),):
-        v = run_pair(pair)
+        v = run_pair(pair, engine=engine)
         sent = v.get("sender") or {}
         print(f"{pair.name:34s} ok={v['ok']!s:5s} max_abs_err={v.get('max_abs_err', float('nan')):.4g} "
               f"regions={sent.get('regions')} bytes={sent.get('bytes')} receive+verify={v.get('seconds', 0):.3f}s wall={v['wall_s']:.1f}s")
