@@ -96,7 +96,7 @@ def bench_writes(args, copy_gbps: float) -> None:
         write = lambda: backend.write(cache, key, value, slots, spec, k_scale=scale, v_scale=scale)  # noqa: E731
         moved = T * H * D * 2 * (key.element_size() + g.element_size) + T * slots.element_size()
         report(f"write {name}", moved, graph_ms(write), copy_gbps, target)
-        report(f"  eager (launch overhead included)", moved, cuda_ms(write), copy_gbps)
+        report("  eager (launch overhead included)", moved, cuda_ms(write), copy_gbps)
 
 
 def sweep_launch_parameters(args, copy_gbps: float) -> None:

@@ -2,15 +2,13 @@
 bytes equal the committed reference digests (any layout, per fp8 format), page bytes equal the
 reference layout's, and with ``--compare-digests`` equal another machine's run (LAYOUT_SPEC §D.3)."""
 
-import base64
-
 import pytest
 import torch
 
 import reference as R
 
 from .assertions import ConformanceFailure, describe
-from .equivalence import CASES, digest_record, geometry, golden_key, inputs, load_golden, scales, written_blocks
+from .equivalence import CASES, compare_entries, digest_record, geometry, golden_key, inputs, load_golden, scales, written_blocks
 from .ops import synchronize
 
 pytestmark = [pytest.mark.equivalence, pytest.mark.kvc_op("write")]
@@ -83,26 +81,3 @@ def test_digests_equal_the_exported_run(case, golden_case, request):
         if verdict is not None:
             raise ConformanceFailure(f"equivalence: vs {entry['backend']}@{entry['platform']} in {exported['path']}: {verdict}\n  repro: {case.repro}",
                                      {"property": "equivalence", "mismatches": [{"where": entry["backend"], "expected": entry["page"], "actual": record["page"]}]})
-
-
-def compare_entries(ours: dict, theirs: dict) -> str | None:
-    """None when equal (or exactly equivalent after fp8 conversion), else why not."""
-    for field in ("era", "layout_shape", "geometry", "kv_cache_dtype"):
-        if field != "geometry" and ours[field] != theirs[field] or field == "geometry" and ours[field].split("-")[:5] != theirs[field].split("-")[:5]:
-            return f"header mismatch: {field} {theirs[field]!r} there, {ours[field]!r} here (same byte count is not the same layout)"
-    if ours["fp8_format"] == theirs["fp8_format"]:
-        return None if ours["page"] == theirs["page"] else f"page digest {theirs['page'][:16]}… there, {ours['page'][:16]}… here"
-    local = torch.frombuffer(bytearray(base64.b64decode(ours["canonical_b64"])), dtype=torch.uint8)
-    remote = torch.frombuffer(bytearray(base64.b64decode(theirs["canonical_b64"])), dtype=torch.uint8)
-    ratio = theirs["k_scale"] / ours["k_scale"]  # value kept: q_here · s_here = q_there · s_there
-    if theirs["v_scale"] / ours["v_scale"] != ratio:
-        return f"k/v scale ratios differ ({theirs['k_scale']}/{theirs['v_scale']} there, {ours['k_scale']}/{ours['v_scale']} here)"
-    converted, exact = R.fp8.convert_codes(remote, theirs["fp8_format"], ours["fp8_format"], ratio)
-    here, there = R.fp8.decode_codes(local, ours["fp8_format"]), R.fp8.decode_codes(converted, ours["fp8_format"])
-    same_value = (here == there) | (here.isnan() & there.isnan())  # −0 == +0: the conversion's −0 → +0 is allowed
-    bad = (~exact) | (~same_value)
-    if bool(bad.any()):
-        idx = bad.nonzero().flatten()[:4].tolist()
-        return (f"{theirs['fp8_format']} → {ours['fp8_format']} is not exact on {int(bad.sum())} of {bad.numel()} elements; "
-                f"first codes there {[hex(int(remote[i])) for i in idx]} vs here {[hex(int(local[i])) for i in idx]}")
-    return None

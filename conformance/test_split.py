@@ -8,7 +8,7 @@ import torch
 import reference as R
 
 from .assertions import assert_bytes_equal, assert_equal
-from .harness import Arena, Case
+from .harness import Case
 
 pytestmark = [pytest.mark.split, pytest.mark.kvc_op("split"), pytest.mark.kvc_layouts("standard")]
 

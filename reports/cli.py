@@ -17,16 +17,12 @@ import sys
 
 from .html import render_runs
 from .matrix import SchemaError, check_schema
-from .results import SCHEMA, write_atomically
+from .results import SCHEMA, read_json, write_atomically
 from .terminal import render
 
 
 def load(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            document = json.load(fh)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SchemaError(f"{path}: not a readable kvconform results file ({exc})") from exc
+    document = read_json(path, "kvconform results file", SchemaError)
     check_schema(document, path)
     return document
 

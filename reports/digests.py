@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from .results import package_version, write_atomically
+from .results import package_version, read_json, write_atomically
 
 SCHEMA = "kvconform-digests/1"
 
@@ -38,11 +38,7 @@ def export(path: str, records: list[dict]) -> int:
 
 
 def load(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            document = json.load(fh)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DigestFileError(f"{path}: not a readable digest file ({exc})") from exc
+    document = read_json(path, "digest file", DigestFileError)
     ours = header()
     for field in ("schema", "suite_version", "cases_hash"):
         if document.get(field) != ours[field]:

@@ -15,7 +15,7 @@ RANK = ("differs", "fp8-conversion", "layout-conversion", "identical")
 
 
 def _verdict(a: dict, b: dict) -> str:
-    from conformance.test_equivalence import compare_entries  # the one definition of "equivalent"
+    from conformance.equivalence import compare_entries  # the one definition of "equivalent"
 
     if a["layout"] == b["layout"] and a["fp8_format"] == b["fp8_format"]:
         return "identical" if a["page"] == b["page"] else "differs"

@@ -77,6 +77,15 @@ def message_of(report, outcome: str) -> str:
     return ""
 
 
+def read_json(path: str, what: str, error: type[Exception]) -> dict:
+    """Load a JSON file or raise ``error`` naming the file and what it should have been."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise error(f"{path}: not a readable {what} ({exc})") from exc
+
+
 def write_atomically(path: str, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file and rename: readers never see half a file."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
