@@ -81,6 +81,16 @@ class KvFirstReportedAsBlocksFirst(Mutant):
         write_rows(cache.unbind(1), key, value, slot_mapping, spec, k_scale, v_scale)
 
 
+class KvFirstShapeDeclaredBlocksFirst(Mutant):
+    """Declares the blocks-first standard but hands out its kv-first ``(2, B, N, H, D)`` tensor."""
+
+    catches = ("shape",)
+
+    def allocate(self, buffer, spec):
+        g = spec.geometry
+        return buffer.view(g.dtype).view(2, g.num_blocks, g.block_size, g.num_kv_heads, g.head_size)
+
+
 # ----------------------------------------------------------------------------- split
 class SplitCopies(Mutant):
     """``unbind(1)`` followed by ``.contiguous()``: K/V are copies, writes through them vanish (F.6)."""
@@ -244,6 +254,19 @@ class KvFirstClaimsConnector(Mutant):
 
     def supports_kv_connector(self):
         return True
+
+
+class ValidateRejectsDeclaredHeadSize(Mutant):
+    """``validate_configuration`` tests ``head_size > min`` instead of membership: the smallest
+    declared head size is rejected, so selection skips a backend that supports it."""
+
+    catches = ("gating",)
+
+    def validate_configuration(self, *, head_size, **kwargs):
+        reasons = super().validate_configuration(head_size=head_size, **kwargs)
+        if head_size <= min(self.capabilities.head_sizes):
+            reasons.append("head_size not supported")
+        return reasons
 
 
 class BlocksFirstDeniesConnector(Mutant):
@@ -497,6 +520,8 @@ MUTANTS = {
     "write_scribbles_past_the_end": ScribblesPastTheEnd,
     "write_int32_offset_wraparound": Int32OffsetWraparound,
     "write_one_bit_flipped": OneByteFlipped,
+    "kv_first_shape_declared_blocks_first": KvFirstShapeDeclaredBlocksFirst,
+    "validate_rejects_declared_head_size": ValidateRejectsDeclaredHeadSize,
     "decode_ignores_block_table": DecodeIgnoresBlockTable,
     "copy_blocks_dense_plane_stride": CopyBlocksDensePlaneStride,
     "swap_k_view_block_bytes": SwapKViewBlockBytes,

@@ -59,3 +59,12 @@ def test_merged_report_shows_the_equivalence_matrix(tmp_path):
     assert cells[("reference@cpu", "triton_aiter@cpu")] == "layout-conversion"
     assert cells[("reference@cpu", "reference_gfx942@rocm-gfx942")] == "fp8-conversion"
     assert cells[("reference@cpu", "mutant:write_one_bit_flipped@cpu")] == "differs"
+
+
+def test_a_backend_that_differs_from_the_exported_run_fails_the_comparison(tmp_path):
+    exported = tmp_path / "run.json"
+    suite("--backend", "reference", "--export-digests", str(exported), "--kvc-json", str(tmp_path / "a.json"))
+    out = tmp_path / "b.json"
+    suite("--backend", "mutant:write_one_bit_flipped", "--compare-digests", str(exported), "--kvc-json", str(out))
+    compared = [r for r in json.loads(out.read_text())["tests"] if r["check"] == "test_digests_equal_the_exported_run"]
+    assert any(r["outcome"] == "failed" and "page digest" in r["message"] for r in compared)
