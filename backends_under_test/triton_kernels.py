@@ -132,7 +132,36 @@ def reshape_and_cache_kernel(
     k_row = _row_offset(b, n, k_block_stride, k_slot_stride, 0, FORM, HEAD_SIZE, X)
     v_row = _row_offset(b, n, v_block_stride, v_slot_stride, 1, FORM, HEAD_SIZE, X)
     tl.store(k_cache_ptr + k_row + k_inner, k, mask=mask)
-    tl.store(v_cache_ptr + v_row + v_inner, v, mask=mask)
+    if FORM == X_TILES and TOKENS == X:
+        _store_v_tile(v_cache_ptr, v, slot_ptr, num_tokens, v_block_stride, v_row + v_inner, mask,
+                      BLOCK_SIZE, NUM_HEADS, HEAD_SIZE, BLOCK_H, BLOCK_D, TOKENS, X)
+    else:
+        tl.store(v_cache_ptr + v_row + v_inner, v, mask=mask)
+
+
+@triton.jit
+def _store_v_tile(v_cache_ptr, v, slot_ptr, num_tokens, v_block_stride, v_dst, mask,
+                  BLOCK_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr,
+                  BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, TOKENS: tl.constexpr, X: tl.constexpr):
+    """Store a shuffled V tile [H, N/x, D, x] for x tokens at once.
+
+    When the program's x tokens are x consecutive slots starting on an x boundary (a prefill
+    run), each (head, dim) of those tokens is one 16-byte vector: transpose the tile so tokens
+    are innermost and store whole vectors. Otherwise store element by element.
+    """
+    t = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS).to(tl.int64)
+    slots = tl.load(slot_ptr + t, mask=t < num_tokens, other=-1).to(tl.int64)
+    first = tl.load(slot_ptr + tl.program_id(0).to(tl.int64) * TOKENS, mask=tl.program_id(0).to(tl.int64) * TOKENS < num_tokens, other=-1).to(tl.int64)
+    run = (tl.sum((slots == first + tl.arange(0, TOKENS)).to(tl.int32), axis=0) == TOKENS) & (first >= 0) & (first % X == 0)
+    if run:
+        base = (first // BLOCK_SIZE) * v_block_stride + ((first % BLOCK_SIZE) // X) * (HEAD_SIZE * X)
+        h = tl.arange(0, BLOCK_H)[:, None, None]
+        d = tl.arange(0, BLOCK_D)[None, :, None]
+        n = tl.arange(0, TOKENS)[None, None, :]
+        tl.store(v_cache_ptr + base + h * (HEAD_SIZE * BLOCK_SIZE) + d * X + n, tl.permute(v, (1, 2, 0)),
+                 mask=(h < NUM_HEADS) & (d < HEAD_SIZE) & (n < TOKENS))
+    else:
+        tl.store(v_cache_ptr + v_dst, v, mask=mask)
 
 
 @triton.jit

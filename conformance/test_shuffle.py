@@ -50,3 +50,22 @@ def test_fp8_tiles_use_x_from_the_cache_dtype(case):
     key, value = token_rows(spec, 6, case.seed)
     slots = torch.arange(6) * 5 + 2 * g.block_size
     shuffled_write(case, spec, key, value, slots, f"fp8 cache: x = 16 // {g.element_size} = {g.x}")
+
+
+def prefill_run(case, kv_cache_dtype):
+    spec = case.spec(case.geometry(kv_cache_dtype=kv_cache_dtype, num_blocks=8), kv_cache_dtype)
+    N = spec.geometry.block_size
+    aligned = torch.arange(2 * N, 5 * N)  # whole x-groups of three blocks
+    unaligned = torch.arange(5 * N + 3, 7 * N - 1)  # a run that starts and ends mid-group
+    slots = torch.cat([aligned, unaligned])
+    key, value = token_rows(spec, len(slots), case.seed)
+    shuffled_write(case, spec, key, value, slots, f"consecutive (prefill) slots, {kv_cache_dtype}")
+
+
+def test_a_prefill_run_of_consecutive_slots_is_written_like_scattered_ones(case):
+    prefill_run(case, "auto")
+
+
+@pytest.mark.kvc_needs("fp8")
+def test_an_fp8_prefill_run_is_written_like_scattered_ones(case):
+    prefill_run(case, next(d for d in case.backend.capabilities.kv_cache_dtypes if d in FP8_KV_CACHE_DTYPES))
