@@ -21,15 +21,23 @@ class Mutant(ReferenceBackend):
     suite_args: tuple[str, ...] = ()  # pytest options the catching check needs (CPU runs)
 
 
-def write_rows(views, key, value, slot_mapping, spec, k_scale, v_scale) -> None:
-    """A strided ``(B, N, H, D)`` writer, as kernels do it: ``view[b, n] = row`` per side."""
+def encoded_rows(key, value, spec, k_scale, v_scale) -> list[torch.Tensor]:
+    """K and V rows in the cache dtype (the correct quantisation), for mutants that misplace them."""
+    return [R.ops.encode(x, spec.geometry, scale, head_dim=1) for x, scale in ((key, k_scale), (value, v_scale))]
+
+
+def write_rows(views, key, value, slot_mapping, spec, k_scale, v_scale, block_size=None) -> None:
+    """A strided ``(B, N, H, D)`` writer, as kernels do it: ``view[b, n] = row`` per side.
+
+    ``block_size`` is the N the kernel believes in (default: the cache's).
+    """
+    N = block_size or spec.geometry.block_size
     slots = slot_mapping.long()
     keep = slots >= 0
     s = slots[keep]
-    b, n = s // spec.geometry.block_size, s % spec.geometry.block_size
     T = slots.numel()
-    for view, rows, scale in zip(views, (key[:T][keep], value[:T][keep]), (k_scale, v_scale)):
-        view[b, n] = R.ops.encode(rows, spec.geometry, scale, head_dim=1)
+    for view, rows in zip(views, encoded_rows(key, value, spec, k_scale, v_scale)):
+        view[s // N, s % N] = rows[:T][keep]
 
 
 def place_rows(cache, spec, slot_mapping, rows, offsets=None) -> None:
@@ -187,7 +195,7 @@ class ShuffleXFromModelDtype(Mutant):
         if not (spec.layout.is_tiled and g.dtype in R.fp8.FP8_DTYPES):
             return super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
         wrong_x = dataclasses.replace(g, dtype=key.dtype)  # same sizes, x from the model dtype
-        rows = [R.ops.encode(x, g, scale, head_dim=1) for x, scale in ((key, k_scale), (value, v_scale))]
+        rows = encoded_rows(key, value, spec, k_scale, v_scale)
         place_rows(cache, spec, slot_mapping, rows, lambda kv, b, n, h, d: spec.layout.offsets(wrong_x, block=b, kv=kv, slot=n, head=h, dim=d))
 
 
@@ -284,13 +292,8 @@ class BlockSizeFromWrongDim(Mutant):
     catches = ("write",)
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
-        slots = slot_mapping
-        views = strided_sides(cache, spec)
-        H = spec.geometry.num_kv_heads  # shape[2] of (B, N, H, D), taken as N
-        keep = slots >= 0
-        s = slots[keep].long()
-        for view, rows, scale in zip(views, (key[: len(slots)][keep], value[: len(slots)][keep]), (k_scale, v_scale)):
-            view[s // H, s % H] = R.ops.encode(rows, spec.geometry, scale, head_dim=1)
+        wrong_n = spec.geometry.num_kv_heads  # shape[2] of (B, N, H, D), taken as N
+        write_rows(strided_sides(cache, spec), key, value, slot_mapping, spec, k_scale, v_scale, block_size=wrong_n)
 
 
 class TokensFromKeyRows(Mutant):
@@ -396,7 +399,7 @@ class Int32OffsetWraparound(Mutant):
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
         g = spec.geometry
-        rows = [R.ops.encode(x, g, scale, head_dim=1) for x, scale in ((key, k_scale), (value, v_scale))]
+        rows = encoded_rows(key, value, spec, k_scale, v_scale)
         place_rows(cache, spec, slot_mapping, rows,
                    lambda kv, b, n, h, d: spec.layout.offsets(g, block=b, kv=kv, slot=n, head=h, dim=d) & 0x7FFFFFFF)
 
@@ -491,7 +494,7 @@ class ShuffleDenseBlockStride(Mutant):
             tile = layout.offsets(g, block=0, kv=kv, slot=n, head=h, dim=d) - layout.offsets(g, block=0, kv=kv)
             return kv * plane + b * plane + tile
 
-        rows = [R.ops.encode(x, g, scale, head_dim=1) for x, scale in ((key, k_scale), (value, v_scale))]
+        rows = encoded_rows(key, value, spec, k_scale, v_scale)
         place_rows(cache, spec, slot_mapping, rows, dense_base)
 
 

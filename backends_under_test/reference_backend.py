@@ -74,7 +74,7 @@ class ReferenceBackend(Backend):
         )
 
     def supports_kv_connector(self):
-        return all(R.is_block_compact(R.offset_map(layout, _PROBE)) for layout in self.capabilities.layouts)
+        return all(R.is_connector_shippable(R.offset_map(layout, _PROBE)) for layout in self.capabilities.layouts)
 
 
 def kv_first_model() -> ReferenceBackend:

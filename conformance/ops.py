@@ -22,6 +22,16 @@ def run_write(case: Case, arena: Arena, key, value, slot_mapping, k_scale, v_sca
     return expected
 
 
+def write_and_compare(case: Case, prop: str, spec, key, value, slot_mapping, k_scale, v_scale, note: str = "") -> None:
+    """Backend write into a fresh arena; the whole arena must equal the reference's."""
+    from .assertions import assert_bytes_equal
+
+    arena = case.allocate(spec)
+    expected = run_write(case, arena, key, value, slot_mapping, k_scale, v_scale)
+    synchronize(case)
+    assert_bytes_equal(prop, case, expected, arena, note)
+
+
 def synchronize(case: Case) -> None:
     if case.device.startswith("cuda"):
         torch.cuda.synchronize()

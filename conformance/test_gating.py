@@ -18,7 +18,7 @@ def shippable_layouts(case) -> dict[str, bool]:
     for layout in case.backend.capabilities.layouts:
         g = case.geometry(kv_cache_dtype="auto", num_blocks=3, num_layers=1)
         omap = R.offset_map(layout, g)
-        out[str(layout)] = R.is_blocks_first(omap) and R.is_block_compact(omap)
+        out[str(layout)] = R.is_connector_shippable(omap)
     return out
 
 

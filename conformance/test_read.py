@@ -42,7 +42,7 @@ def decode_and_compare(case, spec, seq_lens, group, k_scale, v_scale):
         key, value = token_rows(spec, length, case.seed + s, magnitude=1.0)
         slots = table[s, torch.arange(length) // g.block_size] * g.block_size + torch.arange(length) % g.block_size
         R.reshape_and_cache(key, value, arena.region, spec.layout, g, slots, k_scale=k_scale, v_scale=v_scale)
-        dense.append([R.ops.decode(R.ops.encode(t, g, sc, 1), g, sc, 1) for t, sc in ((key, k_scale), (value, v_scale))])
+        dense.append([R.ops.stored_values(t, g, sc, 1) for t, sc in ((key, k_scale), (value, v_scale))])
     query = torch.randn(len(seq_lens), g.num_kv_heads * group, g.head_size, generator=torch.Generator().manual_seed(case.seed)).to(spec.model_dtype)
     got = case.backend.decode(
         arena.cache, query.to(case.device), table.to(case.device), torch.tensor(seq_lens, device=case.device), spec,

@@ -6,19 +6,15 @@ tiles at each side's block base, honouring the K and V block strides of a blocks
 import pytest
 import torch
 
-from .assertions import assert_bytes_equal
 from .harness import FP8_KV_CACHE_DTYPES, token_rows
-from .ops import run_write, synchronize
+from .ops import write_and_compare
 from .strategies import geometry_choices
 
 pytestmark = [pytest.mark.shuffle, pytest.mark.kvc_op("write"), pytest.mark.kvc_layouts("tiled")]
 
 
 def shuffled_write(case, spec, key, value, slots, note):
-    arena = case.allocate(spec)
-    expected = run_write(case, arena, key, value, slots, torch.tensor([2.0]), torch.tensor([0.5]))
-    synchronize(case)
-    assert_bytes_equal("shuffle", case, expected, arena, note)
+    write_and_compare(case, "shuffle", spec, key, value, slots, torch.tensor([2.0]), torch.tensor([0.5]), note)
 
 
 def last_rows_of_every_block(g):

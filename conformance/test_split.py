@@ -13,7 +13,7 @@ from .harness import Case
 pytestmark = [pytest.mark.split, pytest.mark.kvc_op("split"), pytest.mark.kvc_layouts("standard")]
 
 
-def expected_side(case: Case, spec, view: torch.Tensor, kv: int):
+def expected_side(spec, view: torch.Tensor, kv: int):
     """(shape, strides, byte offset) the spec gives for a 4-D container or a 5-D tile view."""
     layout = spec.layout
     if layout.container is not None and view.dim() == 4:
@@ -31,7 +31,7 @@ def split_of(case: Case):
 def test_split_views_share_the_cache_storage(case):
     spec, arena, views = split_of(case)
     for kv, view in enumerate(views):
-        _, _, offset = expected_side(case, spec, view, kv)
+        _, _, offset = expected_side(spec, view, kv)
         name = "KV"[kv]
         same = view.untyped_storage().data_ptr() == arena.cache.untyped_storage().data_ptr()
         assert_equal("split", case, True, same, f"{name} shares the cache's storage")
@@ -41,7 +41,7 @@ def test_split_views_share_the_cache_storage(case):
 def test_split_views_have_the_layout_strides(case):
     spec, _, views = split_of(case)
     for kv, view in enumerate(views):
-        shape, strides, _ = expected_side(case, spec, view, kv)
+        shape, strides, _ = expected_side(spec, view, kv)
         assert_equal("split", case, (shape, strides), (tuple(view.shape), view.stride()), f"{'KV'[kv]} (shape, strides)")
 
 
@@ -62,6 +62,6 @@ def test_writes_through_split_views_reach_the_cache(case):
     for kv, view in enumerate(views):
         pattern = torch.arange(view.numel()).remainder(127).add(64 * kv).view(view.shape).to(bits)
         view.view(bits).copy_(pattern.to(view.device))
-        shape, strides, offset = expected_side(case, spec, view, kv)
+        shape, strides, offset = expected_side(spec, view, kv)
         expected.strided(shape, strides, offset // spec.geometry.element_size).copy_(pattern)
     assert_bytes_equal("split", case, expected, arena, "a write through K/V must be visible in the cache")

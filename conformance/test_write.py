@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from .assertions import assert_bytes_equal
 from .harness import FP8_KV_CACHE_DTYPES, fp8_edge_rows, token_rows
+from . import ops
 from .ops import run_write, synchronize
 from .strategies import specs, write_cases
 
@@ -18,10 +19,7 @@ pytestmark = [pytest.mark.write, pytest.mark.kvc_op("write")]
 
 
 def write_and_compare(case, spec, key, value, slots, k_scale, v_scale, note=""):
-    arena = case.allocate(spec)
-    expected = run_write(case, arena, key, value, slots, k_scale, v_scale)
-    synchronize(case)
-    assert_bytes_equal("write", case, expected, arena, note)
+    ops.write_and_compare(case, "write", spec, key, value, slots, k_scale, v_scale, note)
 
 
 @given(data=st.data())

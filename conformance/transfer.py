@@ -121,7 +121,7 @@ def _receive(pair: Pair, blocks, device: str) -> dict:
     query = torch.randn(1, 4, 64, generator=torch.Generator().manual_seed(SEED + 1)).to(torch.bfloat16)
     table = torch.tensor([blocks], device=device)
     got = backend.decode(cache, query.to(device), table, torch.tensor([TOKENS], device=device), spec, scale=64 ** -0.5, k_scale=k_scale, v_scale=v_scale).cpu()
-    sent = [R.ops.decode(R.ops.encode(t, a_spec.geometry, s, 1), a_spec.geometry, s, 1) for t, s in ((key, header["k_scale"]), (value, header["v_scale"]))]
+    sent = [R.ops.stored_values(t, a_spec.geometry, s, 1) for t, s in ((key, header["k_scale"]), (value, header["v_scale"]))]
     want = F.scaled_dot_product_attention(query[0].float()[:, None], *(t.transpose(0, 1).repeat_interleave(2, 0) for t in sent))[:, 0]
     err = float((got[0].float() - want).abs().max())
     return {"ok": err <= 2e-2, "max_abs_err": err}

@@ -30,6 +30,7 @@ from .offsets import (
     is_block_contiguous,
     is_block_outermost,
     is_blocks_first,
+    is_connector_shippable,
     is_contiguous_per,
     is_in_bounds,
     is_injective,

@@ -122,6 +122,11 @@ def is_block_contiguous(omap: torch.Tensor, slot_coord: str = "head") -> bool:
     return is_block_compact(omap) and is_contiguous_per(omap, ("layer", "block", slot_coord))
 
 
+def is_connector_shippable(omap: torch.Tensor) -> bool:
+    """Blocks-first with each (layer, block) one contiguous run: what a KV connector ships."""
+    return is_blocks_first(omap) and is_block_compact(omap)
+
+
 def block_byte_runs(omap: torch.Tensor, element_size: int, layer: int, block: int) -> list[tuple[int, int]]:
     """Half-open byte ranges holding one (layer, block): one range iff block-compact."""
     offs = torch.sort(omap[layer, block].flatten()).values

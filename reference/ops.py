@@ -40,6 +40,11 @@ def decode(q: torch.Tensor, g: Geometry, scale, head_dim: int = -2) -> torch.Ten
     return q.float()
 
 
+def stored_values(x: torch.Tensor, g: Geometry, scale, head_dim: int = -2) -> torch.Tensor:
+    """What a cache of ``g.dtype`` holds for ``x``, read back as fp32 (quantised for fp8)."""
+    return decode(encode(x, g, scale, head_dim), g, scale, head_dim)
+
+
 def _checked_slots(slot_mapping: torch.Tensor, g: Geometry) -> torch.Tensor:
     if slot_mapping.dim() != 1 or slot_mapping.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"slot_mapping must be 1-D int32/int64, got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")

@@ -128,11 +128,12 @@ class ResultRecorder:
     def pytest_runtest_logreport(self, report):
         nodeid = report.nodeid.split("@", 1)[0]  # xdist --dist loadgroup appends "@group"
         props = self.props.setdefault(nodeid, {})
-        props.update(report.user_properties)
+        this_phase = dict(report.user_properties)
+        props.update(this_phase)
         outcome = outcome_of(report)
         if outcome == "crashed" and timed_out(self.config, nodeid):
             outcome = "timeout"
-        if outcome == "failed" and dict(report.user_properties).get("raised"):
+        if outcome == "failed" and this_phase.get("raised"):
             outcome = "error"
         if outcome is None or "backend" not in props:
             return
@@ -144,7 +145,7 @@ class ResultRecorder:
             **{k: props.get(k) for k in ("backend", "platform", "arch", "family", "check", "layout", "geometry", "kv_cache_dtype", "model_dtype", "repro")},
             "seed": self.config.getoption("seed"), "outcome": outcome,
             "duration_s": round(report.duration, 4), "message": message_of(report, outcome),
-            "failure": props.get("failure"), "raised": dict(report.user_properties).get("raised"),
+            "failure": props.get("failure"), "raised": this_phase.get("raised"),
             "digest": props.get("digest"),
         }
 
