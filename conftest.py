@@ -24,6 +24,7 @@ if not torch.cuda.is_available():  # Triton kernels run on CPU through the inter
 from hypothesis import HealthCheck, Phase, settings
 
 from backends_under_test import registry
+from backends_under_test.contract import OpUnavailable
 from reports import expectations, results
 
 FAMILIES = ("shape", "split", "write", "shuffle", "swap", "copy", "read", "gating", "equivalence")
@@ -56,7 +57,7 @@ def pytest_configure(config):
     for family in FAMILIES:
         config.addinivalue_line("markers", f"{family}: kvconform check family {family}")
     config.addinivalue_line("markers", "kvc_op(name): needs the backend to declare op NAME")
-    config.addinivalue_line("markers", "kvc_layouts(kind): which declared layouts to run on: all | tiled | standard | none")
+    config.addinivalue_line("markers", "kvc_layouts(kind): which declared layouts to run on: all | tiled | standard | connector | none")
     config.addinivalue_line("markers", "kvc_needs(feature): needs fp8 | single_kv_head | standard_e1 | gpu | memory_2_31 | compare_digests")
     seed = config.getoption("seed")
     settings.register_profile(
@@ -112,7 +113,7 @@ def _backend_facts(config) -> dict:
     for name, loaded in config._kvc_backends.items():
         b = loaded.backend
         if b is None:
-            facts[name] = {"error": loaded.error}
+            facts[name] = {"unavailable": loaded.unavailable} if loaded.unavailable else {"error": loaded.error}
             continue
         fp8 = str(b.cache_dtype("fp8", torch.bfloat16)) if "fp8" in b.capabilities.kv_cache_dtypes else None
         facts[name] = {"platform": b.platform, "arch": b.arch(), "fp8": fp8, "standards": sorted(b.capabilities.standards), **b.versions()}
@@ -135,7 +136,8 @@ def pytest_report_header(config):
     ]
     for loaded in config._kvc_backends.values():
         if loaded.backend is None:
-            lines.append(f"  backend {loaded.name}: LOAD ERROR {loaded.error}")
+            state = f"NOT AVAILABLE HERE ({loaded.unavailable})" if loaded.unavailable else f"LOAD ERROR {loaded.error}"
+            lines.append(f"  backend {loaded.name}: {state}")
             continue
         b = loaded.backend
         fp8 = b.cache_dtype("fp8", torch.bfloat16) if "fp8" in b.capabilities.kv_cache_dtypes else "-"
@@ -146,8 +148,10 @@ def pytest_report_header(config):
     return lines
 
 
-def _layouts_for(backend, kind: str):
+def _layouts_for(backend, kind: str, standard: str):
     layouts = backend.capabilities.layouts
+    if kind == "connector":  # E1: every layout is the standard; E3: those a connector runs with
+        return list(layouts) if standard == "e1" else [lay for lay in backend.connector_layouts() if backend.supports_kv_connector()]
     if kind == "tiled":
         return [lay for lay in layouts if lay.is_tiled]
     if kind == "none":
@@ -162,7 +166,7 @@ def pytest_generate_tests(metafunc):
     kind = marker.args[0] if marker else "all"
     params, ids = [], []
     for loaded in metafunc.config._kvc_backends.values():
-        layouts = _layouts_for(loaded.backend, kind) if loaded.backend else [None]
+        layouts = _layouts_for(loaded.backend, kind, metafunc.config.getoption("standard")) if loaded.backend else [None]
         if not layouts:  # family does not apply to any declared layout: one N/A cell
             layouts = [f"no {kind} layout declared"]
         for layout in layouts:
@@ -176,7 +180,7 @@ def _not_applicable(item, loaded, layout, standard) -> str | None:
     """Why this check does not apply to this backend/layout, or None."""
     backend = loaded.backend
     if backend is None:
-        return None
+        return loaded.unavailable
     caps = backend.capabilities
     if isinstance(layout, str):
         return layout
@@ -192,7 +196,7 @@ def _not_applicable(item, loaded, layout, standard) -> str | None:
         reason = _missing(need.args[0], caps, item.config)
         if reason:
             return f"{backend.name} {reason}"
-    if item.get_closest_marker("kvc_layouts") and item.get_closest_marker("kvc_layouts").args[0] == "standard":
+    if item.get_closest_marker("kvc_layouts") and item.get_closest_marker("kvc_layouts").args[0] in ("standard", "connector"):
         if standard not in caps.standards:
             return f"{backend.name} declares standards {sorted(caps.standards) or 'none'}, not --standard {standard}"
     return None
@@ -318,6 +322,11 @@ def pytest_runtest_makereport(item, call):
     """Attach a failed check's structured details (mismatches, byte map) to its report."""
     outcome = yield
     report = outcome.get_result()
+    if call.excinfo is not None and call.excinfo.errisinstance(OpUnavailable):
+        # The backend's real code path cannot run here (e.g. a compiled op absent): N/A, not a pass.
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, results.NOT_APPLICABLE + str(call.excinfo.value))
+        return
     if call.excinfo is not None and report.failed and not isinstance(call.excinfo.value, AssertionError):
         report.user_properties.append(("raised", call.excinfo.typename))  # the backend raised: an error, not a finding
     details = getattr(call.excinfo.value, "details", None) if call.excinfo else None

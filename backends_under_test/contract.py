@@ -23,6 +23,16 @@ STANDARDS = frozenset({"e1", "e3"})
 CONNECTOR_NOT_SUPPORTED = "KV connector not supported"
 
 
+class BackendUnavailable(Exception):
+    """Raised while constructing a backend whose library is absent here (e.g. vLLM not
+    installed): every check of it is *not applicable* with this message, never a failure."""
+
+
+class OpUnavailable(Exception):
+    """Raised by an op whose real code path needs something this machine lacks (a compiled
+    extension, a GPU-only kernel): that check is *not applicable* with this message."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Capabilities:
     """What a backend supports; the suite generates cases only inside these sets."""
@@ -124,6 +134,11 @@ class Backend(abc.ABC):
     def supports_kv_connector(self) -> bool:
         """vLLM ``AttentionBackend.supports_kv_connector()`` (default True, §C.1)."""
         return True
+
+    def connector_layouts(self) -> tuple[Layout, ...]:
+        """The layouts this backend may run with while a KV connector is configured (default:
+        every declared layout; E3 backends: what vLLM's layout resolution picks, §A.7.4)."""
+        return self.capabilities.layouts
 
     def validate_configuration(self, *, head_size: int, dtype, kv_cache_dtype: str, block_size: int, use_kv_connector: bool) -> list[str]:
         """Reasons this configuration is invalid (vLLM ``validate_configuration``, §C.1)."""

@@ -84,7 +84,7 @@ def kv_first_model() -> ReferenceBackend:
 
 def e3_model() -> ReferenceBackend:
     """vLLM 0.33.0's ``[L, B, H, N, C]`` standard: three connector-friendly permutations + 2-slot shuffle."""
-    layouts = (R.standardized("LBNHC"), R.standardized("LBHNC"), R.standardized("BLHNC"), R.standardized("LBHNC", spec="two_slot", shuffle=True))
+    layouts = (R.standardized("LBNHC"), R.standardized("LBHNC"), R.standardized("BLHNC"), R.standardized("LBHNC", spec="two_slot", tile="shuffle"))
     return ReferenceBackend(layouts=layouts, standards=frozenset({"e3"}))
 
 

@@ -9,7 +9,7 @@ import importlib
 import importlib.metadata
 import traceback
 
-from .contract import Backend
+from .contract import Backend, BackendUnavailable
 
 BUILTIN = {
     "reference": "backends_under_test.reference_backend:ReferenceBackend",
@@ -23,6 +23,7 @@ BUILTIN = {
 }
 MUTANT_PREFIX = "mutant:"
 FAULT_PREFIX = "fault:"
+VLLM_PREFIX = "vllm:"  # vllm:NAME[+shuffle], NAME an AttentionBackendEnum member (vllm_backend.py)
 
 
 @dataclasses.dataclass
@@ -32,6 +33,7 @@ class Loaded:
     name: str
     backend: Backend | None = None
     error: str | None = None
+    unavailable: str | None = None  # its library is absent here: every check is not applicable
 
 
 def entry_points() -> dict[str, str]:
@@ -55,7 +57,7 @@ def default_names() -> list[str]:
 
 
 def is_known(name: str) -> bool:
-    return name in registered() or ":" in name and not name.startswith((MUTANT_PREFIX, FAULT_PREFIX))
+    return name in registered() or name.startswith(VLLM_PREFIX) or ":" in name and not name.startswith((MUTANT_PREFIX, FAULT_PREFIX))
 
 
 def _target(name: str) -> str:
@@ -65,6 +67,12 @@ def _target(name: str) -> str:
 def load(name: str) -> Loaded:
     """Import and instantiate; any failure becomes ``Loaded.error`` with the traceback tail."""
     try:
+        if name.startswith(VLLM_PREFIX):
+            from .vllm_backend import adapter_for_name
+
+            backend = adapter_for_name(name[len(VLLM_PREFIX):])
+            backend.name = name
+            return Loaded(name, backend=backend)
         module_name, _, attr = _target(name).partition(":")
         if not attr:
             raise ValueError(f"backend {name!r}: expected a registered name or 'pkg.module:attr'")
@@ -74,6 +82,8 @@ def load(name: str) -> Loaded:
             raise TypeError(f"backend {name!r}: {obj!r} is not a kvconform Backend")
         backend.name = name
         return Loaded(name, backend=backend)
+    except BackendUnavailable as exc:
+        return Loaded(name, unavailable=str(exc))
     except Exception as exc:  # noqa: BLE001 - reported per backend, the session goes on
         tail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         return Loaded(name, error=tail)

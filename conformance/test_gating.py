@@ -1,6 +1,7 @@
-"""Check 8 — connector gating: a backend whose cache is not blocks-first with one region per
-block must declare ``supports_kv_connector() == False`` and reject a connector configuration
-with "KV connector not supported"; a blocks-first backend must not (LAYOUT_SPEC §C, F.1, F.17)."""
+"""Check 8 — connector gating: a backend that may run a connector on a layout that is not
+blocks-first with one region per block must declare ``supports_kv_connector() == False``; one
+whose layouts all are must not; and ``validate_configuration`` rejects a connector with "KV
+connector not supported" exactly when support is not declared (LAYOUT_SPEC §C, F.1, F.17)."""
 
 import pytest
 
@@ -28,15 +29,19 @@ def supported_configuration(case) -> dict:
 
 
 def test_connector_support_matches_the_layouts(case):
+    # Declaring support is safe only if every layout a connector may run with is shippable;
+    # declaring none is justified only if some declared layout is not.
     layouts = shippable_layouts(case)
     declared = case.backend.supports_kv_connector()
-    assert_equal("gating", case, all(layouts.values()), declared, f"supports_kv_connector() for layouts {layouts}")
+    with_connector = {str(layout): layouts[str(layout)] for layout in case.backend.connector_layouts()}
+    consistent = all(with_connector.values()) if declared else not all(layouts.values())
+    assert_equal("gating", case, True, consistent, f"supports_kv_connector() = {declared} for layouts {layouts}, with a connector {with_connector}")
 
 
 @pytest.mark.parametrize("use_kv_connector", [True, False], ids=["connector", "no-connector"])
 def test_connector_configuration_is_rejected_iff_unsupported(case, use_kv_connector):
     reasons = case.backend.validate_configuration(**supported_configuration(case), use_kv_connector=use_kv_connector)
-    expected = use_kv_connector and not all(shippable_layouts(case).values())
+    expected = use_kv_connector and not case.backend.supports_kv_connector()
     assert_equal("gating", case, expected, CONNECTOR_NOT_SUPPORTED in reasons, f"'{CONNECTOR_NOT_SUPPORTED}' in validate_configuration(...) = {reasons}")
 
 

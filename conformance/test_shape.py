@@ -1,5 +1,7 @@
 """Check 1 — the cache a backend allocates has the standard's logical shape, strides rebuilt
-from its declared stride order, blocks outermost and no inner gaps (LAYOUT_SPEC §A.1, §A.2, §A.7)."""
+from its declared stride order, and — on every layout a KV connector may ship (E1: all; E3:
+the one vLLM resolves with a connector) — blocks outermost and no inner gaps (LAYOUT_SPEC §A.1,
+§A.2, §A.7.2, §A.7.6)."""
 
 import pytest
 
@@ -27,6 +29,7 @@ def test_cache_strides_are_rebuilt_from_the_declared_stride_order(case):
     assert_equal("shape", case, 0, arena.cache.data_ptr() - arena.region.data_ptr(), "cache.data_ptr() - buffer start, bytes")
 
 
+@pytest.mark.kvc_layouts("connector")
 def test_blocks_are_outermost_and_each_block_is_one_region(case):
     spec = case.spec(case.geometry())
     arena = case.allocate(spec)

@@ -311,32 +311,40 @@ E3_PERMUTATIONS = {
 E3_ALIASES = {"NHD": "LBNHC", "HND": "LBHNC"}
 
 
-def standardized(permutation: str, *, spec: str = "standard", shuffle: bool = False, block_pad: int = 0) -> Layout:
+E3_TILES = {  # what a backend's kernels store inside one (block, slot) [N, H·D] region
+    "shuffle": (KEY_X_TILE, VALUE_X_TILE),  # AITER FA shuffle writer (§A.5)
+    "legacy": (KEY_X_TILE, VALUE_DN_TILE),  # ROCM_ATTN: PagedAttention.split_kv_cache views (§A.4)
+}
+
+
+def standardized(permutation: str, *, spec: str = "standard", tile: str | None = None, block_pad: int = 0) -> Layout:
     """E3 ``[L, B, H, N, C]`` in one of the six permutations (§A.7).
 
     ``spec="standard"``: H = num_kv_heads, C = K‖V of one (head, token).
     ``spec="two_slot"`` (AITER FA shuffle, ROCM_ATTN): H = 2 slots (K, V), C = all heads of
-    one token; with ``shuffle`` each (block, slot) ``[N, H·D]`` region holds the AITER tile.
+    one token; with a ``tile`` (see ``E3_TILES``) each (block, slot) ``[N, H·D]`` region is
+    re-viewed by the kernels and holds that tile instead.
     ``block_pad`` elements follow every page (``page_size_padded``).
     """
     permutation = E3_ALIASES.get(permutation, permutation)
     order = _lookup(E3_PERMUTATIONS, permutation)
     _check_choice(spec, ("standard", "two_slot"))
     if spec == "standard":
-        if shuffle:
-            raise ValueError("Layout E3: shuffle needs spec='two_slot'")
+        if tile:
+            raise ValueError(f"Layout E3: tile {tile!r} needs spec='two_slot'")
         return permuted("E3", permutation, _LOGICAL_E3_STANDARD, order, block_pad=block_pad)
     plain = permuted("E3", f"{permutation}-2slot", _LOGICAL_E3_TWO_SLOT, order, block_pad=block_pad, slot_coord="kv")
-    if not shuffle:
+    if tile is None:
         return plain
+    k_tile, v_tile = _lookup(E3_TILES, tile)
     if plain.k_dims[-3:] != ("N", "H", "D"):
         # The backend re-views each slot's [N, H·D] region as a tile; when N and C are not
         # the innermost pair that reshape copies instead of viewing (pitfall F.6).
-        raise ValueError(f"Layout E3 {permutation}: shuffle needs N, C innermost (reshape would copy)")
+        raise ValueError(f"Layout E3 {permutation}: a {tile} tile needs N, C innermost (reshape would copy)")
     outer = plain.k_dims[:-3]
     return Layout(
-        era="E3", alias=f"{permutation}-2slot-shuffle", k_dims=outer + KEY_X_TILE,
-        v_dims=outer + VALUE_X_TILE, container=plain, block_pad=block_pad, slot_coord="kv",
+        era="E3", alias=f"{permutation}-2slot-{tile}", k_dims=outer + k_tile,
+        v_dims=outer + v_tile, container=plain, block_pad=block_pad, slot_coord="kv",
     )
 
 
@@ -364,6 +372,6 @@ def named_layouts() -> dict[str, Layout]:
         packed_content("NHD", cross_layer=True), packed_content("HND", cross_layer=True),
         *(standardized(p) for p in E3_PERMUTATIONS),
         *(standardized(p, spec="two_slot") for p in E3_PERMUTATIONS),
-        *(standardized(p, spec="two_slot", shuffle=True) for p in ("LBHNC", "LHBNC", "BLHNC", "BHLNC")),
+        *(standardized(p, spec="two_slot", tile=t) for t in E3_TILES for p in ("LBHNC", "LHBNC", "BLHNC", "BHLNC")),
     ]
     return {f"{layout.era}:{layout.alias}": layout for layout in layouts}

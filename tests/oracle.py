@@ -62,6 +62,8 @@ def offset(key: str, g, l, b, kv, n, h, d) -> int:
             return l * s["L"] + b * s["B"] + h * s["H"] + n * s["N"] + kv * D + d
         if spec.endswith("shuffle"):  # slot region [N, H·D] re-viewed as the AITER tile
             return l * s["L"] + b * s["B"] + kv * s["H"] + (value_x_tile if kv else key_tile)
+        if spec.endswith("legacy"):  # re-viewed as PagedAttention.split_kv_cache's K/V tiles
+            return l * s["L"] + b * s["B"] + kv * s["H"] + (h * D * N + d * N + n if kv else key_tile)
         return l * s["L"] + b * s["B"] + kv * s["H"] + n * s["N"] + h * D + d
     raise KeyError(key)
 

@@ -154,7 +154,7 @@ def test_padded_pages_keep_blocks_apart():
         (lambda: R.aiter_shuffle().validate(R.Geometry(num_blocks=2, block_size=8, num_kv_heads=1, head_size=64, dtype=torch.float8_e4m3fn)), "block_size"),
         (lambda: R.blocks_first().validate(R.Geometry(num_blocks=2, block_size=8, num_kv_heads=1, head_size=64, dtype=torch.bfloat16, num_layers=2)), "num_layers"),
         (lambda: R.permuted("E1", "bad", (("B",), ("2",)), (0, 0)), "stride_order"),
-        (lambda: R.standardized("LBNHC", spec="two_slot", shuffle=True), "shuffle"),
+        (lambda: R.standardized("LBNHC", spec="two_slot", tile="shuffle"), "tile"),
         (lambda: R.blocks_first("NDH"), "NDH"),
     ],
 )

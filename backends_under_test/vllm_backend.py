@@ -1,0 +1,486 @@
+"""vLLM's own attention backends as kvconform backends: ``--backend vllm:NAME[+shuffle]``.
+
+``NAME`` is a member of vLLM's ``AttentionBackendEnum`` (ROCM_AITER_FA, ROCM_ATTN,
+ROCM_AITER_UNIFIED_ATTN, TRITON_ATTN, FLASH_ATTN, FLASHINFER, ...); ``+shuffle`` runs it with
+``VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1`` (the AITER shuffled cache). Nothing is re-implemented:
+
+| what the checks exercise | the vLLM code called                                                   |
+|--------------------------|------------------------------------------------------------------------|
+| declared layouts         | ``supported_kv_cache_layouts()`` + ``customize_spec`` (0.33.0), or     |
+|                          | ``get_kv_cache_shape`` + ``get_kv_cache_stride_order`` (E1 era)        |
+| allocation               | the worker's planner strides + ``create_kv_cache_views`` (0.33.0)      |
+| K/V split                | the impl's ``_split_kv_cache`` / ``PagedAttention.split_kv_cache``     |
+| reshape_and_cache        | the impl's ``do_kv_cache_update`` (Triton, AITER shuffle or compiled op)|
+| swap out / in            | the platform's ``swap_out_blocks_to_host`` / ``insert_blocks_to_device`` |
+| copy blocks              | ``copy_kv_cache_blocks_inplace`` (0.33.0 worker)                       |
+| gating                   | ``supports_kv_connector`` / ``validate_configuration``                 |
+
+The adapter only *declares* what the backend is meant to produce, as reference layouts: the
+standard E3 layout for each layout vLLM lists, or the 2-slot form with the tile the backend's
+kernels keep in each slot region (``TILES``). The checks then hold vLLM's tensors and bytes
+against the reference. When vLLM is not installed every check is not applicable; when a code
+path needs a compiled op this build lacks, that check is not applicable with the op's name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import os
+import types
+
+import torch
+
+import reference as R
+
+from .contract import Backend, BackendUnavailable, Capabilities, CacheSpec, OpUnavailable
+
+SHUFFLE = "+shuffle"
+SHUFFLE_ENV = "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT"
+# What the kernels keep inside each 2-slot region (reference.E3_TILES); absent: plain [N, H·D].
+TILES = {("ROCM_ATTN", False): "legacy", ("ROCM_ATTN", True): "legacy", ("ROCM_AITER_FA", True): "shuffle"}
+# Backends that only exist on NVIDIA: their block copies are CudaPlatform's.
+CUDA_ONLY = ("FLASH_ATTN", "FLASHINFER", "FLASH_ATTN_DIFFKV", "FLEX_ATTENTION")
+# NixlConnector.get_required_kvcache_layout() for non-MLA models (§A.7.4 step 6).
+CONNECTOR_PREFERENCE = "LBHNC"
+FP8_STRINGS = ("fp8", "fp8_e4m3", "fp8_e5m2")
+CANDIDATE_HEAD_SIZES = (64, 128, 80)
+INTERPRETER_FP8 = (
+    "not declared under TRITON_INTERPRET=1: the interpreter's fp8 casts drop the rounding carry "
+    "(1.99 -> 1.0 in e4m3fn, 3.99 -> 2.0 in e4m3fnuz; Triton 3.9), so bytes would judge Triton, not vLLM"
+)
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def adapter_for_name(name: str) -> Backend:
+    """``NAME[+shuffle]`` → an adapter over the installed vLLM's backend class of that name."""
+    shuffle = name.endswith(SHUFFLE)
+    enum_name = name.removesuffix(SHUFFLE)
+    vllm = import_vllm()
+    enum = _attention_backend_enum()
+    if enum_name not in enum.__members__:
+        raise ValueError(f"vllm:{name}: {enum_name!r} is not an AttentionBackendEnum member of vLLM {vllm.__version__}; known: {', '.join(enum.__members__)}")
+    with shuffle_mode(shuffle):
+        cls = enum[enum_name].get_class()
+    return adapter_for(cls, name=enum_name, shuffle=shuffle)
+
+
+def adapter_for(backend_cls, *, name: str | None = None, shuffle: bool = False) -> Backend:
+    """The adapter for the API this backend class exposes (0.33.0 or E1 era)."""
+    vllm = import_vllm()
+    name = name or backend_cls.get_name()
+    # A class that states its own shape is E1-era (0.33.0 backends dropped get_kv_cache_shape).
+    if hasattr(backend_cls, "get_kv_cache_shape"):
+        return VllmE1Backend(backend_cls, name, shuffle)
+    if hasattr(backend_cls, "supported_kv_cache_layouts") and _has_module("vllm.v1.kv_cache_layout"):
+        return VllmE3Backend(backend_cls, name, shuffle)
+    raise RuntimeError(
+        f"unsupported vLLM version {vllm.__version__}: backend {backend_cls.__name__} has neither "
+        "get_kv_cache_shape (E1 era, mid-2026) nor supported_kv_cache_layouts + vllm.v1.kv_cache_layout "
+        "(0.33.0); kvconform's vLLM adapter knows those two APIs"
+    )
+
+
+def import_vllm():
+    try:
+        return importlib.import_module("vllm")
+    except ImportError as exc:
+        raise BackendUnavailable(f"vLLM is not installed ({exc}); install vllm to check its backends") from exc
+
+
+def _has_module(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+        return True
+    except ImportError:
+        return False
+
+
+def _attention_backend_enum():
+    for module in ("vllm.v1.attention.backends.registry", "vllm.attention.backends.registry"):
+        if _has_module(module):
+            return importlib.import_module(module).AttentionBackendEnum
+    raise RuntimeError("unsupported vLLM version: no AttentionBackendEnum in vllm.v1.attention.backends.registry or vllm.attention.backends.registry")
+
+
+@contextlib.contextmanager
+def shuffle_mode(enabled: bool):
+    """Run vLLM with the AITER shuffled cache on or off, restoring the process's setting.
+
+    vLLM reads the switch through ``rocm_aiter_ops`` at every call, so two adapters (shuffle
+    on and off) can share one process.
+    """
+    previous = os.environ.get(SHUFFLE_ENV)
+    os.environ[SHUFFLE_ENV] = "1" if enabled else "0"
+    ops = _aiter_ops()
+    if ops is not None:
+        ops.refresh_env_variables()
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(SHUFFLE_ENV, None)
+        else:
+            os.environ[SHUFFLE_ENV] = previous
+        if ops is not None:
+            ops.refresh_env_variables()
+
+
+def _aiter_ops():
+    try:
+        return importlib.import_module("vllm._aiter_ops").rocm_aiter_ops
+    except (ImportError, AttributeError):
+        return None
+
+
+def _unavailable(exc: Exception) -> str | None:
+    """Why an exception means "this code path cannot run in this build", or None."""
+    text = str(exc)
+    if isinstance(exc, AttributeError) and "_OpNamespace" in text:
+        return f"vLLM's compiled op is not in this build ({text}); this code path needs vLLM's CUDA/HIP extension"
+    if isinstance(exc, NameError):  # vLLM imports some kernels only when their extension loads
+        return f"vLLM did not define a kernel this path calls ({text}); its compiled extension is not available here"
+    if isinstance(exc, ModuleNotFoundError):
+        return f"this path imports a module that is not installed ({text})"
+    if not torch.cuda.is_available() and ("not compiled with CUDA" in text or "NVIDIA driver" in text):
+        return f"this path needs a CUDA device ({text})"
+    return None
+
+
+@contextlib.contextmanager
+def _real_code_path():
+    """Turn "compiled extension absent" into OpUnavailable; every other exception stays."""
+    try:
+        yield
+    except (AttributeError, NameError, ModuleNotFoundError, AssertionError, RuntimeError) as exc:
+        reason = _unavailable(exc)
+        if reason is None:
+            raise
+        raise OpUnavailable(reason) from exc
+
+
+@contextlib.contextmanager
+def _vllm_config():
+    """Some impls read the current VllmConfig in ``__init__``; outside an engine use the default."""
+    from vllm.config import get_current_vllm_config_or_none, set_current_vllm_config
+
+    if get_current_vllm_config_or_none() is not None:
+        yield
+        return
+    from vllm.config import VllmConfig
+
+    with set_current_vllm_config(VllmConfig()):
+        yield
+
+
+class VllmBackend(Backend):
+    """What both API eras share: gating, the impl, block copies through the platform."""
+
+    standards = frozenset()
+
+    def __init__(self, backend_cls, name: str, shuffle: bool):
+        vllm = import_vllm()
+        self.backend_cls = backend_cls
+        self.vllm_name = name
+        self.shuffle = shuffle
+        self._platform_cls = self._block_copy_platform()
+        self.platform = "rocm" if self._platform_cls.__name__.startswith("Rocm") else "cuda"
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self._version = vllm.__version__
+        self._impls = {}
+        with self.mode():
+            self._capabilities = self._declare()
+
+    def mode(self):
+        return shuffle_mode(self.shuffle)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    def versions(self):
+        from vllm.platforms import current_platform
+
+        mode = "interpreted (TRITON_INTERPRET=1)" if interpreted() else "compiled"
+        return {**({"fp8": INTERPRETER_FP8} if interpreted() else {}), "torch": torch.__version__, "vllm": self._version, "vllm_platform": type(current_platform).__name__,
+                "vllm_backend": f"{self.backend_cls.__module__}.{self.backend_cls.__name__}", "triton_mode": mode,
+                "vllm_shuffle_kv_cache": str(self.shuffle)}
+
+    def arch(self):
+        if self.platform != "rocm":
+            if torch.cuda.is_available():
+                major, minor = torch.cuda.get_device_capability()
+                return f"sm{major}{minor}"
+            return ""
+        from vllm.platforms import rocm
+
+        return rocm._GCN_ARCH.split(":")[0]
+
+    # ---------------------------------------------------------------- declarations
+    def _block_copy_platform(self):
+        if self.vllm_name.startswith("ROCM_"):
+            return importlib.import_module("vllm.platforms.rocm").RocmPlatform
+        if self.vllm_name in CUDA_ONLY:
+            return importlib.import_module("vllm.platforms.cuda").CudaPlatform
+        from vllm.platforms import current_platform
+
+        return type(current_platform)
+
+    def _block_sizes(self) -> tuple[int, ...]:
+        sizes = []
+        for entry in self.backend_cls.get_supported_kernel_block_sizes():
+            base = getattr(entry, "base", entry)
+            sizes += [base] if isinstance(entry, int) else [base, 2 * base, 3 * base]
+        return tuple(s for s in dict.fromkeys(sizes) if s >= 16 and s <= 64) or (16,)
+
+    def _head_sizes(self) -> tuple[int, ...]:
+        supports = getattr(self.backend_cls, "supports_head_size", None)
+        listed = self.backend_cls.get_supported_head_sizes() if hasattr(self.backend_cls, "get_supported_head_sizes") else []
+        ok = [d for d in CANDIDATE_HEAD_SIZES if (d in listed if listed else supports is None or supports(d))]
+        if not ok:
+            raise ValueError(f"vllm:{self.vllm_name}: none of head sizes {CANDIDATE_HEAD_SIZES} is supported")
+        return tuple(ok)
+
+    def _model_dtypes(self) -> tuple[torch.dtype, ...]:
+        listed = getattr(self.backend_cls, "supported_dtypes", [torch.bfloat16, torch.float16])
+        return tuple(d for d in (torch.bfloat16, torch.float16) if d in listed)
+
+    def _kv_cache_dtypes(self) -> tuple[str, ...]:
+        if interpreted():  # see INTERPRETER_FP8
+            return ("auto",)
+        listed = getattr(self.backend_cls, "supported_kv_cache_dtypes", ["auto"])
+        return ("auto", *(d for d in FP8_STRINGS if d in listed))
+
+    def _ops(self) -> frozenset[str]:
+        return frozenset({"write", "swap", "copy"} | ({"split"} if self._has_split() else set()))
+
+    def _has_split(self) -> bool:
+        impl_cls = self.backend_cls.get_impl_cls()
+        return hasattr(impl_cls, "_split_kv_cache") or self.vllm_name == "ROCM_ATTN"
+
+    def _declare(self) -> Capabilities:
+        return Capabilities(
+            layouts=self._layouts(), ops=self._ops(), standards=self.standards, dtypes=self._model_dtypes(),
+            kv_cache_dtypes=self._kv_cache_dtypes(), head_sizes=self._head_sizes(), block_sizes=self._block_sizes(),
+            num_kv_heads=(1, 2, 3), scale_types=("tensor",),
+        )
+
+    # ---------------------------------------------------------------- vLLM objects
+    def impl(self, spec: CacheSpec):
+        """The backend's AttentionImpl for this geometry (GQA: two query heads per KV head)."""
+        g = spec.geometry
+        key = (g.num_kv_heads, g.head_size, spec.kv_cache_dtype)
+        if key not in self._impls:
+            impl_cls = self.backend_cls.get_impl_cls()
+            args = (2 * g.num_kv_heads, g.head_size, g.head_size**-0.5, g.num_kv_heads, None, None, spec.kv_cache_dtype)
+            with self.mode(), _real_code_path(), _vllm_config():
+                self._impls[key] = impl_cls(*args)
+        return self._impls[key]
+
+    @staticmethod
+    def layer(k_scale: torch.Tensor, v_scale: torch.Tensor):
+        """The attributes of vLLM's Attention layer that cache updates read."""
+        return types.SimpleNamespace(
+            _k_scale=k_scale, _v_scale=v_scale, _k_scale_float=float(k_scale.flatten()[0]), _v_scale_float=float(v_scale.flatten()[0]),
+        )
+
+    def per_layer(self, cache: torch.Tensor) -> torch.Tensor:
+        return cache
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        impl = self.impl(spec)
+        with self.mode(), _real_code_path():
+            impl.do_kv_cache_update(self.layer(k_scale, v_scale), key, value, self.per_layer(cache), slot_mapping)
+
+    def swap_out(self, cache, host_cache, src_ids, dst_ids, spec):
+        with self.mode(), _real_code_path():
+            self._platform_cls.swap_out_blocks_to_host(self.per_layer(cache), self.per_layer(host_cache), src_ids, dst_ids)
+
+    def swap_in(self, host_cache, cache, src_ids, dst_ids, spec):
+        with self.mode(), _real_code_path():
+            self._platform_cls.insert_blocks_to_device(self.per_layer(host_cache), self.per_layer(cache), src_ids, dst_ids)
+
+    def supports_kv_connector(self):
+        with self.mode():
+            return bool(self.backend_cls.supports_kv_connector())
+
+    def validate_configuration(self, *, head_size, dtype, kv_cache_dtype, block_size, use_kv_connector):
+        """vLLM's own ``validate_configuration``: a decoder, no MLA/sinks/sparse, this device."""
+        method = self.backend_cls.validate_configuration
+        known = dict(
+            head_size=head_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype, block_size=block_size, use_mla=False,
+            has_sink=False, use_sparse=False, use_mm_prefix=False, use_per_head_quant_scales=False,
+            device_capability=self._device_capability(), attn_type="decoder", use_kv_connector=use_kv_connector,
+        )
+        params = inspect.signature(method).parameters
+        required = [p for p, v in params.items() if v.default is inspect.Parameter.empty and p not in known and v.kind is not v.VAR_KEYWORD]
+        if required:
+            raise RuntimeError(f"unsupported vLLM version {self._version}: validate_configuration needs {required}, which the adapter does not know")
+        with self.mode():
+            return list(method(**{k: v for k, v in known.items() if k in params}))
+
+    def _device_capability(self):
+        from vllm.platforms import current_platform
+        from vllm.platforms.interface import DeviceCapability
+
+        if torch.cuda.is_available():
+            return current_platform.get_device_capability()
+        if self.platform == "rocm":  # what torch reports for gfx9xx: major 9, minor from the arch
+            arch = self.arch()
+            return DeviceCapability(9, int(arch[4:6], 16) % 16 if arch.startswith("gfx9") else 0)
+        return DeviceCapability(9, 0)
+
+
+class VllmE3Backend(VllmBackend):
+    """vLLM 0.33.0: per-layer ``[B, H, N, C]`` views of one int8 allocation (§A.7)."""
+
+    standards = frozenset({"e3"})
+
+    def _members(self):
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+
+        listed = self.backend_cls.supported_kv_cache_layouts()
+        return tuple(listed) if listed is not None else tuple(KVCacheLayout)
+
+    def _spec_kind(self) -> str:
+        """"two_slot" when customize_spec folds the heads into C (H = 2 slots), else "standard"."""
+        from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+        probe = FullAttentionSpec(block_size=16, num_kv_heads=3, head_size=64, dtype=torch.bfloat16)
+        custom = self.backend_cls.customize_spec(probe)
+        return "two_slot" if custom.num_heads == 2 and custom.state_content_size_bytes == 3 * 64 * 2 else "standard"
+
+    def _layouts(self):
+        kind = self._spec_kind()
+        tile = TILES.get((self.vllm_name, self.shuffle)) if kind == "two_slot" else None
+        layouts = {R.standardized(m.name, spec=kind, tile=tile): m for m in self._members()}
+        self._by_layout = {str(layout): member for layout, member in layouts.items()}
+        return tuple(layouts)
+
+    def connector_layouts(self):
+        """What vLLM resolves with a connector (§A.7.4 steps 6–7): NIXL's LBHNC if the backend
+        lists it, else the backend's first layout."""
+        preferred = [l for l in self.capabilities.layouts if self._by_layout[str(l)].name == CONNECTOR_PREFERENCE]
+        return tuple(preferred or self.capabilities.layouts[:1])
+
+    def vllm_spec(self, spec: CacheSpec):
+        from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+        from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+        g = spec.geometry
+        dtype = kv_cache_dtype_str_to_dtype(spec.kv_cache_dtype, types.SimpleNamespace(dtype=spec.model_dtype))
+        raw = FullAttentionSpec(block_size=g.block_size, num_kv_heads=g.num_kv_heads, head_size=g.head_size, dtype=dtype)
+        with self.mode():
+            return self.backend_cls.customize_spec(raw)
+
+    def allocate(self, buffer, spec):
+        """The cache as vLLM's worker builds it: planner strides, then ``create_kv_cache_views``
+        over the suite's buffer; returned as ``[L, B, H, N, C]`` (the per-layer views, stacked
+        as a view)."""
+        from vllm.v1.core.kv_cache_planning import _get_kv_cache_bytes_per_block
+        from vllm.v1.kv_cache_interface import KVCacheGroupSpec, KVCacheTensor, compute_layout_strides, create_kv_cache_views
+
+        g = spec.geometry
+        member = self._by_layout[str(spec.layout)]
+        vspec = self.vllm_spec(spec)
+        names = [f"model.layers.{i}.attn" for i in range(g.num_layers)]
+        bytes_per_block = _get_kv_cache_bytes_per_block([KVCacheGroupSpec(names, vspec)], member)
+        # As get_kv_cache_config_from_groups: block-outermost layouts interleave all layers per block.
+        fixed_block = bytes_per_block if member.is_block_outermost else None
+        layer_stride, block_stride, *_ = compute_layout_strides(vspec, g.num_blocks, g.num_layers, member, fixed_strides=(None, fixed_block, None, None, None))
+        size = bytes_per_block * g.num_blocks
+        if size > buffer.numel():
+            raise ValueError(f"vLLM wants {size} bytes for {g.short()} in {member.name}; the reference layout {spec.layout} has {buffer.numel()}")
+        tensor = KVCacheTensor(size=size, layers=names, layer_stride=layer_stride, block_stride=block_stride)
+        views = create_kv_cache_views(buffer.view(torch.int8), vspec, g.num_blocks, member, tensor)
+        return stack_layer_views(views)
+
+    def per_layer(self, cache):
+        if cache.shape[0] != 1:
+            raise ValueError(f"vllm adapter ops take one layer; the cache has {cache.shape[0]}")
+        return cache[0]
+
+    def split(self, cache, spec):
+        kv = self.per_layer(cache)
+        with self.mode(), _real_code_path():
+            if self.vllm_name == "ROCM_ATTN":  # what its do_kv_cache_update hands the kernels
+                from vllm.v1.attention.ops.paged_attn import PagedAttention
+
+                views = PagedAttention.split_kv_cache(kv.transpose(0, 1), spec.geometry.num_kv_heads, spec.geometry.head_size)
+            else:
+                views = self.impl(spec)._split_kv_cache(kv)
+        views = tuple(views)
+        if len(views) != 2:
+            raise AssertionError(
+                f"split: vLLM's {self.vllm_name} split of the [B, H, N, C] cache {tuple(kv.shape)} returned {len(views)} "
+                f"tensors, not K and V (it unbinds dim 0, the block dim: LAYOUT_SPEC F.18)"
+            )
+        return views
+
+    def copy_blocks(self, cache, block_mapping, spec):
+        from vllm.v1.worker.utils import copy_kv_cache_blocks_inplace
+
+        pairs = [tuple(int(x) for x in row) for row in block_mapping.cpu()]
+        with self.mode(), _real_code_path():
+            copy_kv_cache_blocks_inplace([self.per_layer(cache)], spec.geometry.num_blocks, pairs)
+
+
+def stack_layer_views(views: list[torch.Tensor]) -> torch.Tensor:
+    """One ``[L, ...]`` view over per-layer views that sit a constant byte step apart."""
+    first = views[0]
+    step = (views[1].data_ptr() - first.data_ptr()) // first.element_size() if len(views) > 1 else first.numel()
+    stacked = first.as_strided((len(views), *first.shape), (step, *first.stride()))
+    for i, view in enumerate(views):
+        if view.data_ptr() != stacked[i].data_ptr() or view.stride() != first.stride():
+            raise ValueError(f"vLLM's layer {i} view does not sit {step} elements after layer {i - 1}: layers are not evenly spaced")
+    return stacked
+
+
+class VllmE1Backend(VllmBackend):
+    """E1 era (mid-2026): ``get_kv_cache_shape`` + ``get_kv_cache_stride_order`` (§A.1–A.3)."""
+
+    standards = frozenset({"e1"})
+
+    def _probe_shape(self, g=None):
+        g = g or R.Geometry(num_blocks=7, block_size=16, num_kv_heads=3, head_size=64, dtype=torch.bfloat16)
+        return tuple(self.backend_cls.get_kv_cache_shape(g.num_blocks, g.block_size, g.num_kv_heads, g.head_size, "auto"))
+
+    def _stride_order(self, ndim: int) -> tuple[int, ...]:
+        try:
+            return tuple(self.backend_cls.get_kv_cache_stride_order())
+        except (AttributeError, NotImplementedError):
+            return tuple(range(ndim))
+
+    def _layouts(self):
+        shape = self._probe_shape()
+        order = self._stride_order(len(shape))
+        if shape == (7, 2, 16, 3, 64):
+            era, logical = "E1", R.layouts._LOGICAL_E1
+        elif shape == (2, 7, 16, 3, 64):
+            era, logical = "E0", R.layouts._LOGICAL_E0
+        else:
+            raise RuntimeError(f"vllm:{self.vllm_name}: get_kv_cache_shape gave {shape}, neither (B, 2, N, H, D) nor (2, B, N, H, D)")
+        alias = next((a for a, o in R.layouts.E1_STRIDE_ORDERS.items() if o == order), str(order))
+        if era == "E0":  # kv-first is no standard: the standard checks are not applicable
+            self.standards = frozenset()
+        return (R.permuted(era, alias, logical, order),)
+
+    def _has_split(self):
+        return False  # E1-era splits are inline in forward(); the write check covers them
+
+    def _ops(self):
+        impl_cls = self.backend_cls.get_impl_cls()
+        return frozenset({"swap"} | ({"write"} if hasattr(impl_cls, "do_kv_cache_update") else set()))
+
+    def allocate(self, buffer, spec):
+        """As the E1 worker: allocate the physical (stride-ordered) shape, permute back (§A.1)."""
+        g = spec.geometry
+        shape = tuple(self.backend_cls.get_kv_cache_shape(g.num_blocks, g.block_size, g.num_kv_heads, g.head_size, spec.kv_cache_dtype))
+        order = self._stride_order(len(shape))
+        physical = buffer.view(g.dtype)[: torch.Size(shape).numel()].view(tuple(shape[i] for i in order))
+        inverse = tuple(order.index(i) for i in range(len(order)))
+        return physical.permute(*inverse)

@@ -1,0 +1,157 @@
+"""The vLLM adapter against the REAL vLLM 0.33.0 on CPU (Triton interpreter, stand-ins in
+tests/vllm_cpu/). Runs when ``KVCONFORM_VLLM_PYTHON`` names a Python with vLLM installed
+(.ci/run builds one with tests/vllm_cpu/make_venv.sh); ``KVCONFORM_REQUIRE_VLLM=1`` makes its
+absence a failure. Each module fixture is one suite run; the tests read its results JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VLLM_PYTHON = os.environ.get("KVCONFORM_VLLM_PYTHON")
+PLUGIN = ["-p", "tests.vllm_cpu.plugin"]
+ROCM_GFX942 = ["ROCM_AITER_FA", "ROCM_AITER_FA+shuffle", "ROCM_AITER_UNIFIED_ATTN", "ROCM_ATTN", "TRITON_ATTN", "FLASH_ATTN", "FLASHINFER"]
+FAILING = ("failed", "error", "crashed", "timeout")
+
+needs_vllm = pytest.mark.skipif(
+    not VLLM_PYTHON and os.environ.get("KVCONFORM_REQUIRE_VLLM") != "1",
+    reason="KVCONFORM_VLLM_PYTHON not set (tests/vllm_cpu/make_venv.sh builds a vLLM venv)",
+)
+
+
+def suite(python, tmp_path, *args, env=None):
+    if not python:
+        pytest.fail("KVCONFORM_REQUIRE_VLLM=1 but KVCONFORM_VLLM_PYTHON is not set")
+    out = tmp_path / "results.json"
+    cmd = [python, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider", "--kvc-json", str(out), *args]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+    if not out.exists():
+        pytest.fail(f"no results from {' '.join(cmd)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+def records(run, backend, family=None):
+    return [r for r in run["tests"] if r["backend"] == backend and (family is None or r["family"] == family)]
+
+
+def outcomes(run, backend, family=None):
+    return {r["outcome"] for r in records(run, backend, family)}
+
+
+def problems(run, backend):
+    return [f"{r['check']} [{r['layout']}]: {r['outcome']}: {r['message'][:300]}" for r in records(run, backend) if r["outcome"] in FAILING]
+
+
+@pytest.fixture(scope="module")
+def gfx942(tmp_path_factory):
+    """Every in-scope backend on a simulated MI300X (gfx942), checked against the E3 standard."""
+    backends = ",".join(f"vllm:{b}" for b in ROCM_GFX942)
+    return suite(VLLM_PYTHON, tmp_path_factory.mktemp("gfx942"), *PLUGIN, "--backend", backends, "--standard", "e3", "-n", "2")
+
+
+@needs_vllm
+@pytest.mark.parametrize("backend", ["ROCM_AITER_FA", "ROCM_AITER_FA+shuffle", "ROCM_AITER_UNIFIED_ATTN", "ROCM_ATTN", "TRITON_ATTN", "FLASH_ATTN", "FLASHINFER"])
+def test_conforming_vllm_code_raises_no_false_alarm(gfx942, backend):
+    assert records(gfx942, f"vllm:{backend}"), f"no checks ran for vllm:{backend}"
+    assert problems(gfx942, f"vllm:{backend}") == []
+
+
+@needs_vllm
+@pytest.mark.parametrize("backend, families", [
+    ("TRITON_ATTN", ("shape", "write", "swap", "copy", "gating", "equivalence")),
+    ("ROCM_AITER_FA+shuffle", ("shape", "split", "write", "shuffle", "swap", "copy", "gating")),
+    ("ROCM_ATTN", ("shape", "split", "write", "swap", "copy", "gating")),
+    ("ROCM_AITER_FA", ("shape", "split", "swap", "copy", "gating")),
+])
+def test_vllm_code_paths_that_run_on_cpu_are_checked(gfx942, backend, families):
+    for family in families:
+        assert "passed" in outcomes(gfx942, f"vllm:{backend}", family), f"vllm:{backend}: no {family} check passed"
+
+
+@needs_vllm
+@pytest.mark.parametrize("backend", ["ROCM_AITER_FA", "ROCM_AITER_UNIFIED_ATTN", "FLASH_ATTN"])
+def test_writes_through_compiled_ops_are_not_applicable_with_the_op_named(gfx942, backend):
+    writes = records(gfx942, f"vllm:{backend}", "write")
+    assert writes and all(r["outcome"] == "not-applicable" for r in writes)
+    assert any("reshape_and_cache_flash" in r["message"] for r in writes)
+
+
+@needs_vllm
+def test_rocm_attn_declares_no_connector_and_vllm_rejects_one(gfx942):
+    gating = records(gfx942, "vllm:ROCM_ATTN", "gating")
+    assert {r["outcome"] for r in gating} == {"passed"} and len(gating) == 4
+
+
+@needs_vllm
+def test_fp8_under_the_interpreter_is_not_applicable_with_the_reason(gfx942):
+    fp8 = [r for r in records(gfx942, "vllm:TRITON_ATTN") if "fp8" in r["check"]]
+    assert fp8 and all(r["outcome"] == "not-applicable" for r in fp8)
+    assert "rounding carry" in gfx942["environment"]["backends"]["vllm:TRITON_ATTN"]["fp8"]
+
+
+@needs_vllm
+def test_unified_shuffle_split_on_gfx1250_unbinds_blocks(tmp_path):
+    """LAYOUT_SPEC F.18: on gfx1250 with the shuffled cache, ROCM_AITER_UNIFIED_ATTN unbinds dim 0
+    of the [B, H, N, C] view — vLLM's own non-conformance, shown as failed splits."""
+    run = suite(VLLM_PYTHON, tmp_path, *PLUGIN, "--backend", "vllm:ROCM_AITER_UNIFIED_ATTN+shuffle", "--standard", "e3",
+                env={"KVCONFORM_STANDIN_GFX": "gfx1250"})
+    splits = [r for r in records(run, "vllm:ROCM_AITER_UNIFIED_ATTN+shuffle", "split") if r["outcome"] != "not-applicable"]
+    assert splits and all(r["outcome"] == "failed" and "F.18" in r["message"] for r in splits)
+
+
+@needs_vllm
+def test_e1_era_blocks_first_declaration_passes(tmp_path):
+    run = suite(VLLM_PYTHON, tmp_path, *PLUGIN, "--backend", "tests.vllm_cpu.e1_era:blocks_first_hnd")
+    backend = "tests.vllm_cpu.e1_era:blocks_first_hnd"
+    assert problems(run, backend) == [] and "passed" in outcomes(run, backend, "shape") and "passed" in outcomes(run, backend, "swap")
+
+
+@needs_vllm
+def test_e1_era_kv_first_cache_breaks_vllms_platform_block_copies(tmp_path):
+    """LAYOUT_SPEC F.1: RocmPlatform.insert_blocks_to_device / swap_out_blocks_to_host index dim 0;
+    on ROCM_ATTN's E1-era (2, B, N, H, D) cache ids >= 2 raise and ids {0, 1} move whole planes."""
+    backend = "tests.vllm_cpu.e1_era:kv_first_rocm_attn"
+    run = suite(VLLM_PYTHON, tmp_path, *PLUGIN, "--backend", backend)
+    swaps = {r["check"]: r for r in records(run, backend, "swap") if r["outcome"] != "not-applicable"}
+    assert "IndexError" in swaps["test_swap_out_places_each_block_at_its_host_slot"]["message"]
+    planes = swaps["test_swap_of_blocks_0_and_1_moves_blocks_not_planes"]
+    assert planes["outcome"] == "failed" and "whole K/V planes" in planes["message"]
+    assert outcomes(run, backend, "gating") == {"passed"}
+
+
+@needs_vllm
+def test_a_backend_with_neither_layout_api_is_an_unsupported_version_error(tmp_path):
+    backend = "tests.vllm_cpu.e1_era:neither_api"
+    run = suite(VLLM_PYTHON, tmp_path, *PLUGIN, "--backend", backend)
+    rows = records(run, backend)
+    assert rows and all(r["outcome"] == "error" and "unsupported vLLM version" in r["message"] for r in rows)
+
+
+@needs_vllm
+def test_vllm_kernels_under_test_are_real_triton_functions():
+    """Without the stand-ins' environment, vLLM swaps Triton for placeholders and a pass would
+    mean nothing (shared/vllm-cpu README): the kernels must be Triton JIT functions."""
+    probe = (
+        "import tests.vllm_cpu.plugin, triton\n"
+        "from vllm.v1.attention.ops.triton_reshape_and_cache_flash import reshape_and_cache_kernel_flash as a\n"
+        "from vllm.v1.attention.backends.rocm_aiter_fa import reshape_and_cache_shuffle_kernel as b\n"
+        "kinds = (triton.runtime.JITFunction, triton.runtime.interpreter.InterpretedFunction)\n"
+        "assert all(isinstance(k, kinds) for k in (a, b)), (type(a), type(b))\n"
+    )
+    proc = subprocess.run([VLLM_PYTHON, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_absent_vllm_makes_every_check_not_applicable(tmp_path):
+    """kvconform's own venv has no vLLM: vllm:NAME must be not-applicable, never a failure."""
+    if subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True).returncode == 0:
+        pytest.skip("vLLM is installed in this environment")
+    run = suite(sys.executable, tmp_path, "--backend", "vllm:ROCM_AITER_FA", "-k", "shape or gating")
+    rows = records(run, "vllm:ROCM_AITER_FA")
+    assert rows and all(r["outcome"] == "not-applicable" and "vLLM is not installed" in r["message"] for r in rows)

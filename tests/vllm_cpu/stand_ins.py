@@ -1,0 +1,104 @@
+"""Stand-ins that let vLLM 0.33.0's real Python and Triton code import on a CPU-only machine.
+
+They exist only for kvconform's own CI (no GPU, CPU torch, ``TRITON_INTERPRET=1``); a vendor
+machine with a real vLLM build needs none of them. Each one replaces something vLLM treats
+as optional or hardware-specific, never the code under test:
+
+- ``amdsmi``: vllm/platforms/rocm.py asks amdsmi for the GPU's gfx arch at import time. A
+  module that reports one device of arch ``KVCONFORM_STANDIN_GFX`` (default gfx942) makes
+  vLLM's own detection pick ``RocmPlatform`` — so ``current_platform.is_rocm()`` is true and
+  rocm_aiter_fa defines its shuffle writer. Every other amdsmi call raises AmdSmiException,
+  which vLLM already handles. Never installed over a real amdsmi.
+- ``vllm._C_stable_libtorch``: vllm/platforms/cuda.py imports this CUDA extension
+  unconditionally; an empty module, only if the real import fails, lets ``CudaPlatform``'s
+  pure-Python block copies be called.
+- pinned memory: the simulated ROCm platform reports pinned host memory available; with no
+  accelerator, CPU torch cannot pin, so vLLM's ``PIN_MEMORY`` flag is set to the truth
+  (False) after import — vLLM's own code path for machines without pinning.
+- ``aiter.ops.triton.unified_attention``: ROCM_AITER_UNIFIED_ATTN's impl imports AITER's
+  attention kernel in ``__init__``; the stand-in raises if the kernel is ever *called*, so
+  only the cache-layout code (split, cache update) runs.
+
+``install()`` must run before vLLM is imported; it also sets the two environment variables
+the vLLM CPU recipe needs (no visible GPUs, Triton interpreter).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import types
+
+import torch
+
+GFX_ENV = "KVCONFORM_STANDIN_GFX"
+
+
+class AmdSmiException(Exception):
+    """What real amdsmi raises; vLLM catches it around optional queries."""
+
+
+def _amdsmi(arch: str) -> types.ModuleType:
+    module = types.ModuleType("amdsmi")
+    module.__kvconform_stand_in__ = True
+    module.AmdSmiException = AmdSmiException
+    module.amdsmi_init = lambda *a, **k: None
+    module.amdsmi_shut_down = lambda *a, **k: None
+    module.amdsmi_get_processor_handles = lambda: ["stand-in-gpu-0"]
+    module.amdsmi_get_gpu_asic_info = lambda handle: {"target_graphics_version": arch}
+
+    def unsupported(*args, **kwargs):
+        raise AmdSmiException("kvconform amdsmi stand-in: query not available on this machine")
+
+    def __getattr__(name: str):
+        if name.startswith("_"):  # inspect/pickle probe dunders; they must look absent
+            raise AttributeError(name)
+        return unsupported
+
+    module.__getattr__ = __getattr__
+    return module
+
+
+def _empty(name: str, doc: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__doc__ = doc
+    module.__kvconform_stand_in__ = True
+    return module
+
+
+def _aiter_unified_attention() -> dict[str, types.ModuleType]:
+    def unified_attention(*args, **kwargs):
+        raise RuntimeError("kvconform stand-in: AITER's unified_attention kernel is not installed here")
+
+    names = ["aiter", "aiter.ops", "aiter.ops.triton", "aiter.ops.triton.unified_attention"]
+    modules = {n: _empty(n, "kvconform CPU stand-in for AITER (not installed)") for n in names}
+    for name, module in modules.items():
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=name != names[-1])
+    modules["aiter.ops.triton.unified_attention"].unified_attention = unified_attention
+    for parent, child in zip(names, names[1:]):
+        setattr(modules[parent], child.rsplit(".", 1)[1], modules[child])
+    return modules
+
+
+def install(arch: str | None = None) -> str:
+    """Install the stand-ins (idempotent); returns the gfx arch reported."""
+    arch = arch or os.environ.get(GFX_ENV, "gfx942")
+    if "vllm" in sys.modules:
+        raise RuntimeError("vllm_cpu stand-ins must be installed before vllm is imported")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ["HIP_VISIBLE_DEVICES"] = ""
+    os.environ["TRITON_INTERPRET"] = "1"
+    if importlib.util.find_spec("amdsmi") is None:
+        sys.modules["amdsmi"] = _amdsmi(arch)
+    if importlib.util.find_spec("aiter") is None:
+        sys.modules.update(_aiter_unified_attention())
+    try:
+        importlib.import_module("vllm._C_stable_libtorch")
+    except (ImportError, OSError):  # a CUDA .so against CPU torch
+        sys.modules["vllm._C_stable_libtorch"] = _empty("vllm._C_stable_libtorch", "kvconform CPU placeholder (CUDA extension)")
+    torch_utils = importlib.import_module("vllm.utils.torch_utils")
+    torch_utils.PIN_MEMORY = torch_utils.PIN_MEMORY and torch.cuda.is_available()
+    return arch
