@@ -58,7 +58,7 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{family}: kvconform check family {family}")
     config.addinivalue_line("markers", "kvc_op(name): needs the backend to declare op NAME")
     config.addinivalue_line("markers", "kvc_layouts(kind): which declared layouts to run on: all | tiled | standard | connector | none")
-    config.addinivalue_line("markers", "kvc_needs(feature): needs fp8 | single_kv_head | standard_e1 | gpu | memory_2_31 | compare_digests")
+    config.addinivalue_line("markers", "kvc_needs(feature): needs fp8 | single_kv_head | standard_e1 | standard_e3 | gpu | memory_2_31 | compare_digests")
     seed = config.getoption("seed")
     settings.register_profile(
         "kvconform", database=None, deadline=None, derandomize=False,
@@ -226,8 +226,9 @@ def _missing(feature: str, caps, config) -> str | None:
         return None if set(caps.kv_cache_dtypes) & set(FP8_KV_CACHE_DTYPES) else "declares no fp8 kv_cache_dtype"
     if feature == "single_kv_head":
         return None if 1 in caps.num_kv_heads else "does not declare num_kv_heads=1"
-    if feature == "standard_e1":
-        return None if config.getoption("standard") == "e1" else "is checked against --standard e3 (check is E1-specific)"
+    if feature in ("standard_e1", "standard_e3"):
+        wanted = feature[-2:]
+        return None if config.getoption("standard") == wanted else f"is checked against --standard {config.getoption('standard')} (check is {wanted.upper()}-specific)"
     if feature == "compare_digests":
         return None if config._kvc_compare else "needs --compare-digests FILE"
     if feature == "gpu":

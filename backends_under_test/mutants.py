@@ -13,7 +13,7 @@ import torch
 
 import reference as R
 
-from .reference_backend import ReferenceBackend, flat_storage
+from .reference_backend import ReferenceBackend, flat_storage, view_over
 
 
 class Mutant(ReferenceBackend):
@@ -498,6 +498,20 @@ class ShuffleDenseBlockStride(Mutant):
         place_rows(cache, spec, slot_mapping, rows, dense_base)
 
 
+class CrossLayerPackedLayerOutermost(Mutant):
+    """Block-outermost E3 (BLHNC) allocated with layer-outermost strides (``layer_stride = B·page``,
+    the LBHNC planner branch): a one-layer cache is right; layer 1 sits where block 1 belongs."""
+
+    catches = ("shape",)
+    suite_args = ("--standard", "e3", "-k", "permutation_puts")
+
+    def __init__(self):
+        super().__init__(layouts=(R.standardized("BLHNC"),), standards=frozenset({"e3"}))
+
+    def allocate(self, buffer, spec):
+        return view_over(buffer, spec, R.standardized("LBHNC").view_shape_strides(spec.geometry))
+
+
 MUTANTS = {
     "kv_first_reported_as_blocks_first": KvFirstReportedAsBlocksFirst,
     "split_copies": SplitCopies,
@@ -530,4 +544,5 @@ MUTANTS = {
     "swap_k_view_block_bytes": SwapKViewBlockBytes,
     "swap_only_below_two": SwapOnlyBelowTwo,
     "shuffle_dense_block_stride": ShuffleDenseBlockStride,
+    "e3_cross_layer_packed_layer_outermost": CrossLayerPackedLayerOutermost,
 }

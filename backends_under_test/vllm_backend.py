@@ -25,6 +25,7 @@ path needs a compiled op this build lacks, that check is not applicable with the
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 import os
@@ -42,8 +43,6 @@ SHUFFLE_ENV = "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT"
 TILES = {("ROCM_ATTN", False): "legacy", ("ROCM_ATTN", True): "legacy", ("ROCM_AITER_FA", True): "shuffle"}
 # Backends that only exist on NVIDIA: their block copies are CudaPlatform's.
 CUDA_ONLY = ("FLASH_ATTN", "FLASHINFER", "FLASH_ATTN_DIFFKV", "FLEX_ATTENTION")
-# NixlConnector.get_required_kvcache_layout() for non-MLA models (§A.7.4 step 6).
-CONNECTOR_PREFERENCE = "LBHNC"
 FP8_STRINGS = ("fp8", "fp8_e4m3", "fp8_e5m2")
 CANDIDATE_HEAD_SIZES = (64, 128, 80)
 INTERPRETER_FP8 = (
@@ -355,17 +354,27 @@ class VllmE3Backend(VllmBackend):
         return "two_slot" if custom.num_heads == 2 and custom.state_content_size_bytes == 3 * 64 * 2 else "standard"
 
     def _layouts(self):
-        kind = self._spec_kind()
-        tile = TILES.get((self.vllm_name, self.shuffle)) if kind == "two_slot" else None
-        layouts = {R.standardized(m.name, spec=kind, tile=tile): m for m in self._members()}
+        self._kind = self._spec_kind()
+        self._tile = TILES.get((self.vllm_name, self.shuffle)) if self._kind == "two_slot" else None
+        layouts = {R.standardized(m.name, spec=self._kind, tile=self._tile): m for m in self._members()}
         self._by_layout = {str(layout): member for layout, member in layouts.items()}
         return tuple(layouts)
 
     def connector_layouts(self):
-        """What vLLM resolves with a connector (§A.7.4 steps 6–7): NIXL's LBHNC if the backend
-        lists it, else the backend's first layout."""
-        preferred = [l for l in self.capabilities.layouts if self._by_layout[str(l)].name == CONNECTOR_PREFERENCE]
-        return tuple(preferred or self.capabilities.layouts[:1])
+        """The layout vLLM's own resolution (§A.7.4) picks for this backend with NixlConnector
+        configured: the backend's connector-aware ``supported_kv_cache_layouts`` under that
+        config, then ``resolve_kv_cache_layout`` (NIXL asks for LBHNC on non-MLA models)."""
+        from vllm.config import set_current_vllm_config
+        from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
+
+        config = _connector_config()
+        config.cache_config.kv_cache_layout = None  # resolution records its answer there
+        with self.mode(), set_current_vllm_config(config):
+            names = [m.name for m in get_supported_kv_cache_layouts([self.backend_cls])]
+            member = resolve_kv_cache_layout(config, [names])
+        layout = R.standardized(member.name, spec=self._kind, tile=self._tile)
+        self._by_layout[str(layout)] = member
+        return (layout,)
 
     def vllm_spec(self, spec: CacheSpec):
         from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
@@ -427,6 +436,17 @@ class VllmE3Backend(VllmBackend):
         pairs = [tuple(int(x) for x in row) for row in block_mapping.cpu()]
         with self.mode(), _real_code_path():
             copy_kv_cache_blocks_inplace([self.per_layer(cache)], spec.geometry.num_blocks, pairs)
+
+
+@functools.cache
+def _connector_config():
+    """A VllmConfig with NixlConnector as a both-roles transfer instance (built once: ~3 s)."""
+    from vllm.config import KVTransferConfig, VllmConfig
+
+    config = VllmConfig(kv_transfer_config=KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both"))
+    # No model is loaded; NIXL's layout choice reads only whether the model uses MLA.
+    config.model_config = types.SimpleNamespace(use_mla=False)
+    return config
 
 
 def stack_layer_views(views: list[torch.Tensor]) -> torch.Tensor:

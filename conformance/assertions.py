@@ -88,6 +88,22 @@ def assert_equal(prop: str, case: Case, expected, actual, what: str) -> None:
         raise ConformanceFailure(f"{prop}: {what}: expected {expected!r}, actual {actual!r}\n" + "\n".join(_footer(case, None)), details)
 
 
+def assert_offsets_equal(prop: str, case: Case, expected: torch.Tensor, actual: torch.Tensor, what: str) -> None:
+    """Where each logical ``(L, B, 2, N, H, D)`` element lives: the tensor's element offsets
+    (from the cache start) must equal the declared layout's, element for element."""
+    differs = (expected != actual).nonzero()
+    if differs.numel() == 0:
+        return
+    names = ("layer", "block", "kv", "slot", "head", "dim")
+    mismatches = [
+        {"where": describe(dict(zip(names, (int(i) for i in idx)))), "expected": f"offset {int(expected[tuple(idx)])}", "actual": f"offset {int(actual[tuple(idx)])}"}
+        for idx in differs[:SHOWN]
+    ]
+    lines = [f"{prop}: {what}: {differs.shape[0]} logical elements are not where the layout puts them"]
+    lines += [f"  {m['where']}: expected {m['expected']}, actual {m['actual']}" for m in mismatches]
+    raise ConformanceFailure("\n".join(lines + _footer(case, None)), {"property": prop, "differing_elements": differs.shape[0], "mismatches": mismatches})
+
+
 def assert_true(prop: str, case: Case, condition: bool, message: str) -> None:
     if not condition:
         raise ConformanceFailure(f"{prop}: {message}\n" + "\n".join(_footer(case, None)), {"property": prop, "mismatches": [{"where": message}]})

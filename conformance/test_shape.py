@@ -7,7 +7,7 @@ import pytest
 
 import reference as R
 
-from .assertions import assert_equal, assert_true
+from .assertions import assert_equal, assert_offsets_equal, assert_true
 from .observed import expected_logical_shape, observed_offset_map
 
 pytestmark = [pytest.mark.shape, pytest.mark.kvc_layouts("standard")]
@@ -17,6 +17,17 @@ def test_cache_has_the_standard_logical_shape(case):
     spec = case.spec(case.geometry(num_layers=1))
     arena = case.allocate(spec)
     assert_equal("shape", case, expected_logical_shape(case.standard, spec), tuple(arena.cache.shape), "cache.shape")
+
+
+@pytest.mark.kvc_needs("standard_e3")
+def test_every_layer_and_block_sits_where_the_permutation_puts_it(case):
+    # Three layers: block-outermost permutations interleave layers inside each block (§A.7.3).
+    spec = case.spec(case.geometry(num_layers=3, num_blocks=4))
+    arena = case.allocate(spec)
+    observed = observed_offset_map(case.standard, spec, arena.cache) + (arena.cache.data_ptr() - arena.region.data_ptr()) // spec.geometry.element_size
+    # The cache tensor is the container; tiles inside a slot region are the write checks' business.
+    declared = R.offset_map(spec.layout.container or spec.layout, spec.geometry)
+    assert_offsets_equal("shape", case, declared, observed, "[L, B, H, N, C] view of a 3-layer allocation")
 
 
 def test_cache_strides_are_rebuilt_from_the_declared_stride_order(case):
