@@ -58,7 +58,7 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{family}: kvconform check family {family}")
     config.addinivalue_line("markers", "kvc_op(name): needs the backend to declare op NAME")
     config.addinivalue_line("markers", "kvc_layouts(kind): which declared layouts to run on: all | tiled | standard | connector | none")
-    config.addinivalue_line("markers", "kvc_needs(feature): needs fp8 | single_kv_head | standard_e1 | standard_e3 | gpu | memory_2_31 | compare_digests")
+    config.addinivalue_line("markers", "kvc_needs(feature): needs fp8 | single_kv_head | standard_e1 | standard_e3 | selector | gpu | memory_2_31 | compare_digests")
     seed = config.getoption("seed")
     settings.register_profile(
         "kvconform", database=None, deadline=None, derandomize=False,
@@ -193,7 +193,7 @@ def _not_applicable(item, loaded, layout, standard) -> str | None:
         if reason:
             return f"{backend.name} {reason}"
     for need in item.iter_markers("kvc_needs"):
-        reason = _missing(need.args[0], caps, item.config)
+        reason = _missing(need.args[0], caps, item.config, backend)
         if reason:
             return f"{backend.name} {reason}"
     if item.get_closest_marker("kvc_layouts") and item.get_closest_marker("kvc_layouts").args[0] in ("standard", "connector"):
@@ -218,7 +218,7 @@ def _golden_case_unsupported(golden, caps, layout, backend) -> str | None:
     return None
 
 
-def _missing(feature: str, caps, config) -> str | None:
+def _missing(feature: str, caps, config, backend) -> str | None:
     """Why a backend lacks a feature a check needs (``kvc_needs`` marker), or None."""
     from conformance.harness import FP8_KV_CACHE_DTYPES
 
@@ -229,6 +229,8 @@ def _missing(feature: str, caps, config) -> str | None:
     if feature in ("standard_e1", "standard_e3"):
         wanted = feature[-2:]
         return None if config.getoption("standard") == wanted else f"is checked against --standard {config.getoption('standard')} (check is {wanted.upper()}-specific)"
+    if feature == "selector":
+        return None if backend.selection_order(use_kv_connector=False) is not None else "has no platform selector to check"
     if feature == "compare_digests":
         return None if config._kvc_compare else "needs --compare-digests FILE"
     if feature == "gpu":

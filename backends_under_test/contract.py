@@ -135,6 +135,11 @@ class Backend(abc.ABC):
         """vLLM ``AttentionBackend.supports_kv_connector()`` (default True, §C.1)."""
         return True
 
+    def selection_order(self, *, use_kv_connector: bool) -> list[str] | None:
+        """The platform selector's backend priority list for this configuration, by the names
+        backends report (vLLM ``_get_backend_priorities``, §C.3); None: no selector to check."""
+        return None
+
     def connector_layouts(self) -> tuple[Layout, ...]:
         """The layouts this backend may run with while a KV connector is configured (default:
         every declared layout; E3 backends: what vLLM's layout resolution picks, §A.7.4)."""

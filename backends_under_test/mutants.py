@@ -264,6 +264,19 @@ class KvFirstClaimsConnector(Mutant):
         return True
 
 
+class SelectorIgnoresConnector(Mutant):
+    """ROCM_ATTN-style kv-first backend that declares no connector support, but the platform's
+    priority list still offers it when a connector is configured (§C.3, F.1)."""
+
+    catches = ("gating",)
+
+    def __init__(self):
+        super().__init__(layouts=(R.kv_first("NHD"),), standards=frozenset())
+
+    def selection_order(self, *, use_kv_connector):
+        return [self.name]
+
+
 class ValidateRejectsDeclaredHeadSize(Mutant):
     """``validate_configuration`` tests ``head_size > min`` instead of membership: the smallest
     declared head size is rejected, so selection skips a backend that supports it."""
@@ -527,6 +540,7 @@ MUTANTS = {
     "copy_blocks_one_plane": CopyBlocksOnePlane,
     "decode_k_scale_for_v": DecodeUsesKScaleForV,
     "kv_first_claims_connector": KvFirstClaimsConnector,
+    "selector_ignores_connector": SelectorIgnoresConnector,
     "blocks_first_denies_connector": BlocksFirstDeniesConnector,
     "write_block_size_from_wrong_dim": BlockSizeFromWrongDim,
     "write_tokens_from_key_rows": TokensFromKeyRows,

@@ -73,6 +73,10 @@ class ReferenceBackend(Backend):
             scale=scale, k_scale=k_scale, v_scale=v_scale,
         )
 
+    def selection_order(self, *, use_kv_connector):
+        """§C.3 reduced to this backend: offered unless a connector is on and it cannot serve one."""
+        return [] if use_kv_connector and not self.supports_kv_connector() else [self.name]
+
     def supports_kv_connector(self):
         return all(R.is_connector_shippable(R.offset_map(layout, _PROBE)) for layout in self.capabilities.layouts)
 

@@ -322,6 +322,17 @@ class VllmBackend(Backend):
         with self.mode():
             return list(method(**{k: v for k, v in known.items() if k in params}))
 
+    def selection_order(self, *, use_kv_connector):
+        """The platform module's ``_get_backend_priorities`` for a non-MLA, non-sparse decoder."""
+        module = importlib.import_module(self._platform_cls.__module__)
+        priorities = getattr(module, "_get_backend_priorities", None)
+        if priorities is None:
+            return None
+        known = dict(use_mla=False, use_sparse=False, use_kv_connector=use_kv_connector, device_capability=self._device_capability())
+        params = inspect.signature(priorities).parameters
+        with self.mode():
+            return [b.name for b in priorities(**{k: v for k, v in known.items() if k in params})]
+
     def _device_capability(self):
         from vllm.platforms import current_platform
         from vllm.platforms.interface import DeviceCapability

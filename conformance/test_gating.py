@@ -1,7 +1,8 @@
 """Check 8 — connector gating: a backend that may run a connector on a layout that is not
 blocks-first with one region per block must declare ``supports_kv_connector() == False``; one
-whose layouts all are must not; and ``validate_configuration`` rejects a connector with "KV
-connector not supported" exactly when support is not declared (LAYOUT_SPEC §C, F.1, F.17)."""
+whose layouts all are must not; ``validate_configuration`` rejects a connector with "KV
+connector not supported" exactly when support is not declared; and the platform's priority list
+never offers a connector configuration a backend that cannot serve one (LAYOUT_SPEC §C.3, F.1, F.17)."""
 
 import pytest
 
@@ -48,3 +49,14 @@ def test_connector_configuration_is_rejected_iff_unsupported(case, use_kv_connec
 def test_supported_configuration_has_no_other_reasons(case):
     reasons = case.backend.validate_configuration(**supported_configuration(case), use_kv_connector=False)
     assert_equal("gating", case, [], reasons, "validate_configuration for a declared configuration")
+
+
+@pytest.mark.kvc_needs("selector")
+def test_selector_offers_a_connector_configuration_only_backends_that_support_one(case):
+    name = case.backend.name
+    with_connector = case.backend.selection_order(use_kv_connector=True)
+    without = case.backend.selection_order(use_kv_connector=False)
+    if case.backend.supports_kv_connector():
+        assert_equal("gating", case, name in without, name in with_connector, f"{name} offered with a connector (priorities {with_connector}) as without one ({without})")
+    else:
+        assert_equal("gating", case, False, name in with_connector, f"{name} (supports_kv_connector() = False) in the connector priority list {with_connector}")
