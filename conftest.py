@@ -96,7 +96,7 @@ def _selected_backends(config) -> dict[str, registry.Loaded]:
     if unknown:
         raise pytest.UsageError(
             f"--backend: unknown backend(s) {', '.join(unknown)}; registered: {', '.join(sorted(registry.registered()))} "
-            "(or pass 'pkg.module:attr')"
+            "(or pass 'vllm:NAME[+shuffle]' or 'pkg.module:attr')"
         )
     loaded = {name: registry.load(name) for name in dict.fromkeys(names)}
     if not explicit:  # the default is every built-in that can run here

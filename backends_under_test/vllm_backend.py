@@ -170,10 +170,15 @@ def _vllm_config():
     if get_current_vllm_config_or_none() is not None:
         yield
         return
+    with set_current_vllm_config(_default_config()):
+        yield
+
+
+@functools.cache
+def _default_config():
     from vllm.config import VllmConfig
 
-    with set_current_vllm_config(VllmConfig()):
-        yield
+    return VllmConfig()  # ~2.5 s: build once per process
 
 
 class VllmBackend(Backend):
@@ -187,7 +192,7 @@ class VllmBackend(Backend):
         self.vllm_name = name
         self.shuffle = shuffle
         self._platform_cls = self._block_copy_platform()
-        self.platform = "rocm" if self._platform_cls.__name__.startswith("Rocm") else "cuda"
+        self.platform = next((p for p in ("rocm", "cuda") if p in self._platform_cls.__name__.lower()), "cpu")
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self._version = vllm.__version__
         self._impls = {}
