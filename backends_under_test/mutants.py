@@ -277,6 +277,20 @@ class SelectorIgnoresConnector(Mutant):
         return [self.name]
 
 
+class ValidateDropsConnectorFlag(Mutant):
+    """A ``validate_configuration`` override on a kv-first backend that does not forward
+    ``use_kv_connector`` to the base class: it declares no connector support, yet a connector
+    configuration validates clean (§C.1; ROCM_AITER_MLA must forward it)."""
+
+    catches = ("gating",)
+
+    def __init__(self):
+        super().__init__(layouts=(R.kv_first("NHD"),), standards=frozenset())
+
+    def validate_configuration(self, *, head_size, dtype, kv_cache_dtype, block_size, use_kv_connector):
+        return super().validate_configuration(head_size=head_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype, block_size=block_size, use_kv_connector=False)
+
+
 class ValidateRejectsDeclaredHeadSize(Mutant):
     """``validate_configuration`` tests ``head_size > min`` instead of membership: the smallest
     declared head size is rejected, so selection skips a backend that supports it."""
@@ -541,6 +555,7 @@ MUTANTS = {
     "decode_k_scale_for_v": DecodeUsesKScaleForV,
     "kv_first_claims_connector": KvFirstClaimsConnector,
     "selector_ignores_connector": SelectorIgnoresConnector,
+    "validate_drops_connector_flag": ValidateDropsConnectorFlag,
     "blocks_first_denies_connector": BlocksFirstDeniesConnector,
     "write_block_size_from_wrong_dim": BlockSizeFromWrongDim,
     "write_tokens_from_key_rows": TokensFromKeyRows,

@@ -35,7 +35,7 @@ class ReferenceBackend(Backend):
             ops=frozenset({"write", "split", "swap", "copy", "decode"}),
             standards=standards,
             dtypes=(torch.bfloat16, torch.float16, torch.float32),
-            kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+            kv_cache_dtypes=("auto", *R.fp8.KV_CACHE_DTYPES),
             head_sizes=(16, 32, 64, 128),
             block_sizes=(16, 32),
             scale_types=("tensor", "head"),

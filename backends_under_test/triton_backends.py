@@ -23,8 +23,6 @@ import reference as R
 from . import triton_kernels as K
 from .contract import Backend, Capabilities
 
-FP8_STRINGS = ("fp8", "fp8_e4m3", "fp8_e5m2")
-
 
 def _platform() -> str:
     if torch.version.hip:
@@ -48,7 +46,7 @@ class TritonBackend(Backend):
         self._capabilities = Capabilities(
             layouts=self.layouts, ops=frozenset({"write", "split", "swap", "copy", "decode"}),
             standards=self.standards, dtypes=(torch.bfloat16, torch.float16),
-            kv_cache_dtypes=("auto", *FP8_STRINGS), head_sizes=self.head_sizes, block_sizes=(16, 32),
+            kv_cache_dtypes=("auto", *R.fp8.KV_CACHE_DTYPES), head_sizes=self.head_sizes, block_sizes=(16, 32),
             num_kv_heads=(1, 2, 3), scale_types=("tensor", "head"),
         )
 

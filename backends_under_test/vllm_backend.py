@@ -43,7 +43,6 @@ SHUFFLE_ENV = "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT"
 TILES = {("ROCM_ATTN", False): "legacy", ("ROCM_ATTN", True): "legacy", ("ROCM_AITER_FA", True): "shuffle"}
 # Backends that only exist on NVIDIA: their block copies are CudaPlatform's.
 CUDA_ONLY = ("FLASH_ATTN", "FLASHINFER", "FLASH_ATTN_DIFFKV", "FLEX_ATTENTION")
-FP8_STRINGS = ("fp8", "fp8_e4m3", "fp8_e5m2")
 CANDIDATE_HEAD_SIZES = (64, 128, 80)
 INTERPRETER_FP8 = (
     "not declared under TRITON_INTERPRET=1: the interpreter's fp8 casts drop the rounding carry "
@@ -101,8 +100,10 @@ def _has_module(name: str) -> bool:
 
 def _attention_backend_enum():
     for module in ("vllm.v1.attention.backends.registry", "vllm.attention.backends.registry"):
-        if _has_module(module):
+        try:
             return importlib.import_module(module).AttentionBackendEnum
+        except ImportError:
+            continue
     raise RuntimeError("unsupported vLLM version: no AttentionBackendEnum in vllm.v1.attention.backends.registry or vllm.attention.backends.registry")
 
 
@@ -184,8 +185,6 @@ def _default_config():
 class VllmBackend(Backend):
     """What both API eras share: gating, the impl, block copies through the platform."""
 
-    standards = frozenset()
-
     def __init__(self, backend_cls, name: str, shuffle: bool):
         vllm = import_vllm()
         self.backend_cls = backend_cls
@@ -257,18 +256,16 @@ class VllmBackend(Backend):
         if interpreted():  # see INTERPRETER_FP8
             return ("auto",)
         listed = getattr(self.backend_cls, "supported_kv_cache_dtypes", ["auto"])
-        return ("auto", *(d for d in FP8_STRINGS if d in listed))
+        return ("auto", *(d for d in R.fp8.KV_CACHE_DTYPES if d in listed))
 
     def _ops(self) -> frozenset[str]:
-        return frozenset({"write", "swap", "copy"} | ({"split"} if self._has_split() else set()))
-
-    def _has_split(self) -> bool:
-        impl_cls = self.backend_cls.get_impl_cls()
-        return hasattr(impl_cls, "_split_kv_cache") or self.vllm_name == "ROCM_ATTN"
+        splits = hasattr(self.backend_cls.get_impl_cls(), "_split_kv_cache") or self.vllm_name == "ROCM_ATTN"
+        return frozenset({"write", "swap", "copy"} | ({"split"} if splits else set()))
 
     def _declare(self) -> Capabilities:
+        layouts = self._layouts()
         return Capabilities(
-            layouts=self._layouts(), ops=self._ops(), standards=self.standards, dtypes=self._model_dtypes(),
+            layouts=layouts, ops=self._ops(), standards=self._standards(layouts), dtypes=self._model_dtypes(),
             kv_cache_dtypes=self._kv_cache_dtypes(), head_sizes=self._head_sizes(), block_sizes=self._block_sizes(),
             num_kv_heads=(1, 2, 3), scale_types=("tensor",),
         )
@@ -314,18 +311,12 @@ class VllmBackend(Backend):
 
     def validate_configuration(self, *, head_size, dtype, kv_cache_dtype, block_size, use_kv_connector):
         """vLLM's own ``validate_configuration``: a decoder, no MLA/sinks/sparse, this device."""
-        method = self.backend_cls.validate_configuration
         known = dict(
             head_size=head_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype, block_size=block_size, use_mla=False,
             has_sink=False, use_sparse=False, use_mm_prefix=False, use_per_head_quant_scales=False,
             device_capability=self._device_capability(), attn_type="decoder", use_kv_connector=use_kv_connector,
         )
-        params = inspect.signature(method).parameters
-        required = [p for p, v in params.items() if v.default is inspect.Parameter.empty and p not in known and v.kind is not v.VAR_KEYWORD]
-        if required:
-            raise RuntimeError(f"unsupported vLLM version {self._version}: validate_configuration needs {required}, which the adapter does not know")
-        with self.mode():
-            return list(method(**{k: v for k, v in known.items() if k in params}))
+        return list(self._call(self.backend_cls.validate_configuration, known))
 
     def selection_order(self, *, use_kv_connector):
         """The platform module's ``_get_backend_priorities`` for a non-MLA, non-sparse decoder."""
@@ -334,9 +325,17 @@ class VllmBackend(Backend):
         if priorities is None:
             return None
         known = dict(use_mla=False, use_sparse=False, use_kv_connector=use_kv_connector, device_capability=self._device_capability())
-        params = inspect.signature(priorities).parameters
+        return [b.name for b in self._call(priorities, known)]
+
+    def _call(self, fn, known: dict):
+        """``fn`` with the arguments of ``known`` its signature takes (vLLM's grow by release);
+        a required parameter the adapter cannot supply is an unsupported-version error."""
+        params = inspect.signature(fn).parameters
+        required = [p for p, v in params.items() if v.default is inspect.Parameter.empty and p not in known and v.kind is not v.VAR_KEYWORD]
+        if required:
+            raise RuntimeError(f"unsupported vLLM version {self._version}: {fn.__name__} needs {required}, which the adapter does not know")
         with self.mode():
-            return [b.name for b in priorities(**{k: v for k, v in known.items() if k in params})]
+            return fn(**{k: v for k, v in known.items() if k in params})
 
     def _device_capability(self):
         from vllm.platforms import current_platform
@@ -353,7 +352,8 @@ class VllmBackend(Backend):
 class VllmE3Backend(VllmBackend):
     """vLLM 0.33.0: per-layer ``[B, H, N, C]`` views of one int8 allocation (§A.7)."""
 
-    standards = frozenset({"e3"})
+    def _standards(self, layouts):
+        return frozenset({"e3"})
 
     def _members(self):
         from vllm.v1.kv_cache_layout import KVCacheLayout
@@ -367,7 +367,8 @@ class VllmE3Backend(VllmBackend):
 
         probe = FullAttentionSpec(block_size=16, num_kv_heads=3, head_size=64, dtype=torch.bfloat16)
         custom = self.backend_cls.customize_spec(probe)
-        return "two_slot" if custom.num_heads == 2 and custom.state_content_size_bytes == 3 * 64 * 2 else "standard"
+        all_heads = probe.num_kv_heads * probe.head_size * probe.dtype.itemsize
+        return "two_slot" if custom.num_heads == 2 and custom.state_content_size_bytes == all_heads else "standard"
 
     def _layouts(self):
         self._kind = self._spec_kind()
@@ -376,7 +377,8 @@ class VllmE3Backend(VllmBackend):
         self._by_layout = {str(layout): member for layout, member in layouts.items()}
         return tuple(layouts)
 
-    def connector_layouts(self):
+    @functools.cached_property
+    def _connector_layout(self):
         """The layout vLLM's own resolution (§A.7.4) picks for this backend with NixlConnector
         configured: the backend's connector-aware ``supported_kv_cache_layouts`` under that
         config, then ``resolve_kv_cache_layout`` (NIXL asks for LBHNC on non-MLA models)."""
@@ -390,7 +392,10 @@ class VllmE3Backend(VllmBackend):
             member = resolve_kv_cache_layout(config, [names])
         layout = R.standardized(member.name, spec=self._kind, tile=self._tile)
         self._by_layout[str(layout)] = member
-        return (layout,)
+        return layout
+
+    def connector_layouts(self):
+        return (self._connector_layout,)
 
     def vllm_spec(self, spec: CacheSpec):
         from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
@@ -479,11 +484,6 @@ def stack_layer_views(views: list[torch.Tensor]) -> torch.Tensor:
 class VllmE1Backend(VllmBackend):
     """E1 era (mid-2026): ``get_kv_cache_shape`` + ``get_kv_cache_stride_order`` (§A.1–A.3)."""
 
-    standards = frozenset({"e1"})
-
-    def _probe_shape(self, g=None):
-        g = g or R.Geometry(num_blocks=7, block_size=16, num_kv_heads=3, head_size=64, dtype=torch.bfloat16)
-        return tuple(self.backend_cls.get_kv_cache_shape(g.num_blocks, g.block_size, g.num_kv_heads, g.head_size, "auto"))
 
     def _stride_order(self, ndim: int) -> tuple[int, ...]:
         try:
@@ -492,23 +492,22 @@ class VllmE1Backend(VllmBackend):
             return tuple(range(ndim))
 
     def _layouts(self):
-        shape = self._probe_shape()
+        B, N, H, D = 7, 16, 3, 64  # pairwise distinct, so the shape says which dim is which
+        shape = tuple(self.backend_cls.get_kv_cache_shape(B, N, H, D, "auto"))
         order = self._stride_order(len(shape))
-        if shape == (7, 2, 16, 3, 64):
-            era, logical = "E1", R.layouts._LOGICAL_E1
-        elif shape == (2, 7, 16, 3, 64):
-            era, logical = "E0", R.layouts._LOGICAL_E0
-        else:
+        eras = {(B, 2, N, H, D): ("E1", R.layouts._LOGICAL_E1), (2, B, N, H, D): ("E0", R.layouts._LOGICAL_E0)}
+        if shape not in eras:
             raise RuntimeError(f"vllm:{self.vllm_name}: get_kv_cache_shape gave {shape}, neither (B, 2, N, H, D) nor (2, B, N, H, D)")
+        era, logical = eras[shape]
         alias = next((a for a, o in R.layouts.E1_STRIDE_ORDERS.items() if o == order), str(order))
-        if era == "E0":  # kv-first is no standard: the standard checks are not applicable
-            self.standards = frozenset()
         return (R.permuted(era, alias, logical, order),)
 
-    def _has_split(self):
-        return False  # E1-era splits are inline in forward(); the write check covers them
+    def _standards(self, layouts):
+        # Only blocks-first is the E1 standard; kv-first gets the standard checks as not applicable.
+        return frozenset({"e1"}) if layouts[0].era == "E1" else frozenset()
 
     def _ops(self):
+        # E1-era splits are inline in forward() (no split op); the write check covers them.
         impl_cls = self.backend_cls.get_impl_cls()
         return frozenset({"swap"} | ({"write"} if hasattr(impl_cls, "do_kv_cache_update") else set()))
 

@@ -17,7 +17,7 @@ import reference as R
 from backends_under_test.contract import Backend, CacheSpec
 
 GUARD = 256  # bytes before and after every cache; a multiple of every element size
-FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+FP8_KV_CACHE_DTYPES = R.fp8.KV_CACHE_DTYPES
 HUGE_BYTES = 1 << 30  # arenas past this are filled on the device, not copied from the host
 
 

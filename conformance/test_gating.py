@@ -14,14 +14,10 @@ from .assertions import assert_equal
 pytestmark = [pytest.mark.gating, pytest.mark.kvc_layouts("none")]
 
 
-def shippable_layouts(case) -> dict[str, bool]:
-    """Per declared layout: blocks-first and one contiguous region per block (what connectors ship)."""
-    out = {}
-    for layout in case.backend.capabilities.layouts:
-        g = case.geometry(kv_cache_dtype="auto", num_blocks=3, num_layers=1)
-        omap = R.offset_map(layout, g)
-        out[str(layout)] = R.is_connector_shippable(omap)
-    return out
+def shippable_layouts(case, layouts) -> dict[str, bool]:
+    """Per layout: blocks-first and one contiguous region per block (what connectors ship)."""
+    g = case.geometry(kv_cache_dtype="auto", num_blocks=3, num_layers=1)
+    return {str(layout): R.is_connector_shippable(R.offset_map(layout, g)) for layout in layouts}
 
 
 def supported_configuration(case) -> dict:
@@ -32,9 +28,9 @@ def supported_configuration(case) -> dict:
 def test_connector_support_matches_the_layouts(case):
     # Declaring support is safe only if every layout a connector may run with is shippable;
     # declaring none is justified only if some declared layout is not.
-    layouts = shippable_layouts(case)
+    layouts = shippable_layouts(case, case.backend.capabilities.layouts)
     declared = case.backend.supports_kv_connector()
-    with_connector = {str(layout): layouts[str(layout)] for layout in case.backend.connector_layouts()}
+    with_connector = shippable_layouts(case, case.backend.connector_layouts())
     consistent = all(with_connector.values()) if declared else not all(layouts.values())
     assert_equal("gating", case, True, consistent, f"supports_kv_connector() = {declared} for layouts {layouts}, with a connector {with_connector}")
 

@@ -32,6 +32,7 @@ FORMATS = {
     )
 }
 FP8_DTYPES = frozenset(f.dtype for f in FORMATS.values())
+KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM kv_cache_dtype strings stored as fp8
 
 
 def fp8_format(dtype_or_name) -> Fp8Format:
