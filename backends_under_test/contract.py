@@ -16,7 +16,7 @@ import dataclasses
 
 import torch
 
-from reference import Geometry, Layout, fp8
+from kvconform.reference import Geometry, Layout, fp8
 
 OPS = frozenset({"write", "split", "swap", "copy", "decode"})
 STANDARDS = frozenset({"e1", "e3"})

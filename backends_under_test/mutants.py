@@ -11,7 +11,7 @@ import dataclasses
 
 import torch
 
-import reference as R
+from kvconform import reference as R
 
 from .reference_backend import ReferenceBackend, flat_storage, view_over
 

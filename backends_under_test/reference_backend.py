@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-import reference as R
+from kvconform import reference as R
 
 from .contract import Backend, Capabilities, CacheSpec
 

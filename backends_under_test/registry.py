@@ -12,14 +12,14 @@ import traceback
 from .contract import Backend, BackendUnavailable
 
 BUILTIN = {
-    "reference": "backends_under_test.reference_backend:ReferenceBackend",
-    "reference_kv_first": "backends_under_test.reference_backend:kv_first_model",
-    "reference_e3": "backends_under_test.reference_backend:e3_model",
-    "reference_gfx942": "backends_under_test.reference_backend:Gfx942Reference",
-    "triton_flash": "backends_under_test.triton_backends:TritonFlash",
-    "triton_unified": "backends_under_test.triton_backends:TritonUnified",
-    "triton_aiter": "backends_under_test.triton_backends:TritonAiter",
-    "triton_rocm_attn": "backends_under_test.triton_backends:TritonRocmAttn",
+    "reference": "kvconform.backends_under_test.reference_backend:ReferenceBackend",
+    "reference_kv_first": "kvconform.backends_under_test.reference_backend:kv_first_model",
+    "reference_e3": "kvconform.backends_under_test.reference_backend:e3_model",
+    "reference_gfx942": "kvconform.backends_under_test.reference_backend:Gfx942Reference",
+    "triton_flash": "kvconform.backends_under_test.triton_backends:TritonFlash",
+    "triton_unified": "kvconform.backends_under_test.triton_backends:TritonUnified",
+    "triton_aiter": "kvconform.backends_under_test.triton_backends:TritonAiter",
+    "triton_rocm_attn": "kvconform.backends_under_test.triton_backends:TritonRocmAttn",
 }
 MUTANT_PREFIX = "mutant:"
 FAULT_PREFIX = "fault:"
@@ -46,8 +46,8 @@ def registered() -> dict[str, str]:
     from .mutants import MUTANTS
 
     names = {**entry_points(), **BUILTIN}
-    names.update({MUTANT_PREFIX + m: f"backends_under_test.mutants:{cls.__name__}" for m, cls in MUTANTS.items()})
-    names.update({FAULT_PREFIX + f: f"backends_under_test.faults:{cls.__name__}" for f, cls in FAULTS.items()})
+    names.update({MUTANT_PREFIX + m: f"kvconform.backends_under_test.mutants:{cls.__name__}" for m, cls in MUTANTS.items()})
+    names.update({FAULT_PREFIX + f: f"kvconform.backends_under_test.faults:{cls.__name__}" for f, cls in FAULTS.items()})
     return names
 
 

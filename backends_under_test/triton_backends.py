@@ -18,7 +18,7 @@ import os
 import torch
 import triton
 
-import reference as R
+from kvconform import reference as R
 
 from . import triton_kernels as K
 from .contract import Backend, Capabilities

@@ -33,7 +33,7 @@ import types
 
 import torch
 
-import reference as R
+from kvconform import reference as R
 
 from .contract import Backend, BackendUnavailable, Capabilities, CacheSpec, OpUnavailable
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import reference as R  # noqa: E402
-from backends_under_test.contract import CacheSpec  # noqa: E402
-from backends_under_test.triton_backends import TritonAiter, TritonFlash, TritonRocmAttn, TritonUnified  # noqa: E402
+from kvconform import reference as R  # noqa: E402
+from kvconform.backends_under_test.contract import CacheSpec  # noqa: E402
+from kvconform.backends_under_test.triton_backends import TritonAiter, TritonFlash, TritonRocmAttn, TritonUnified  # noqa: E402
 
 
 def cuda_ms(fn, reps: int = 30) -> float:
@@ -101,7 +101,7 @@ def bench_writes(args, copy_gbps: float) -> None:
 
 def sweep_launch_parameters(args, copy_gbps: float) -> None:
     """Tokens per program × warps for the writers, chunk × warps for the block copy (tuning aid)."""
-    from backends_under_test import triton_kernels as K
+    from kvconform.backends_under_test import triton_kernels as K
 
     T, H, D, N = args.tokens, args.heads, args.head_size, args.block_size
     key, value = torch.randn(2, T, H, D, device="cuda", dtype=torch.bfloat16).unbind(0)
@@ -151,7 +151,7 @@ def bench_swap(args) -> None:
     report("swap out+in", 2 * moved, out_ms + in_ms, 2 * moved / (d2h + h2d) / 1e6, 0.90)
     if not args.sweep:
         return
-    from backends_under_test import triton_kernels as K
+    from kvconform.backends_under_test import triton_kernels as K
 
     src_ids = device_ids.cuda()
     for chunk, warps in ((8192, 4), (16384, 4), (32768, 4), (32768, 8), (65536, 8)):

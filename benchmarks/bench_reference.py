@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import reference as R  # noqa: E402
+from kvconform import reference as R  # noqa: E402
 
 
 def best_of(fn, repeats: int) -> float:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-import reference as R
+from kvconform import reference as R
 
 from .byte_map import block_byte_map, first_logical
 from .harness import GUARD, Arena, Case

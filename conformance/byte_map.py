@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-import reference as R
+from kvconform import reference as R
 
 from .harness import GUARD, Arena
 

@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-import reference as R
+from kvconform import reference as R
 
 GOLDEN_PATH = os.path.join(os.path.dirname(__file__), "golden_digests.json")
 DIGEST_SCHEMA = "kvconform-digests/1"
@@ -125,31 +125,6 @@ def reference_digests() -> dict:
                 entry["pages"][name] = record["page"]
             out["cases"][f"{case.name}@{fmt}" if fmt else case.name] = entry
     return out
-
-
-def compare_entries(ours: dict, theirs: dict) -> str | None:
-    """None when equal (or exactly equivalent after fp8 conversion), else why not."""
-    sizes = lambda entry: entry["geometry"].rsplit("-", 1)[0]  # noqa: E731 - L, B, N, H, D; the dtype may differ (fn vs fnuz)
-    for field, here, there in (("era", ours["era"], theirs["era"]), ("layout", ours["layout_shape"], theirs["layout_shape"]),
-                               ("geometry", sizes(ours), sizes(theirs)), ("kv_cache_dtype", ours["kv_cache_dtype"], theirs["kv_cache_dtype"])):
-        if here != there:
-            return f"header mismatch: {field} {there!r} there, {here!r} here (same byte count is not the same layout)"
-    if ours["fp8_format"] == theirs["fp8_format"]:
-        return None if ours["page"] == theirs["page"] else f"page digest {theirs['page'][:16]}… there, {ours['page'][:16]}… here"
-    local = torch.frombuffer(bytearray(base64.b64decode(ours["canonical_b64"])), dtype=torch.uint8)
-    remote = torch.frombuffer(bytearray(base64.b64decode(theirs["canonical_b64"])), dtype=torch.uint8)
-    ratio = theirs["k_scale"] / ours["k_scale"]  # value kept: q_here · s_here = q_there · s_there
-    if theirs["v_scale"] / ours["v_scale"] != ratio:
-        return f"k/v scale ratios differ ({theirs['k_scale']}/{theirs['v_scale']} there, {ours['k_scale']}/{ours['v_scale']} here)"
-    converted, exact = R.fp8.convert_codes(remote, theirs["fp8_format"], ours["fp8_format"], ratio)
-    here, there = R.fp8.decode_codes(local, ours["fp8_format"]), R.fp8.decode_codes(converted, ours["fp8_format"])
-    same_value = (here == there) | (here.isnan() & there.isnan())  # −0 == +0: the conversion's −0 → +0 is allowed
-    bad = (~exact) | (~same_value)
-    if bool(bad.any()):
-        idx = bad.nonzero().flatten()[:4].tolist()
-        return (f"{theirs['fp8_format']} → {ours['fp8_format']} is not exact on {int(bad.sum())} of {bad.numel()} elements; "
-                f"first codes there {[hex(int(remote[i])) for i in idx]} vs here {[hex(int(local[i])) for i in idx]}")
-    return None
 
 
 def golden_key(case: GoldenCase, fp8_format: str | None) -> str:

@@ -9,12 +9,11 @@ not be — another slot, block or plane, padding, or past either end — is caug
 from __future__ import annotations
 
 import dataclasses
-import shlex
 
 import torch
 
-import reference as R
-from backends_under_test.contract import Backend, CacheSpec
+from kvconform import reference as R
+from kvconform.backends_under_test.contract import Backend, CacheSpec
 
 GUARD = 256  # bytes before and after every cache; a multiple of every element size
 FP8_KV_CACHE_DTYPES = R.fp8.KV_CACHE_DTYPES
@@ -52,19 +51,12 @@ class Case:
     device: str
     seed: int
     standard: str
-    nodeid: str
+    test_id: str  # conformance/<file>::<name>, the same however the suite was started
+    repro: str  # a shell line that re-runs this one test with this run's options
     record: callable  # record(key, value) into the test's results
 
     def __repr__(self) -> str:  # stable across runs: reports must not differ by object addresses
         return f"Case(backend={self.backend.name!r}, layout={str(self.layout)!r}, device={self.device!r}, seed={self.seed})"
-
-    @property
-    def repro(self) -> str:
-        test = self.nodeid.split("::")[-1]
-        return (
-            f"pytest {self.nodeid.split('::')[0]} --backend {shlex.quote(self.backend.name)} "
-            f"--seed {self.seed} --standard {self.standard} -k {shlex.quote(test)}"
-        )
 
     def spec(self, g: R.Geometry, kv_cache_dtype: str = "auto", model_dtype=torch.bfloat16, layout=None) -> CacheSpec:
         spec = CacheSpec(layout=layout or self.layout, geometry=g, kv_cache_dtype=kv_cache_dtype, model_dtype=model_dtype)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-import reference as R
-from backends_under_test.contract import CacheSpec
+from kvconform import reference as R
+from kvconform.backends_under_test.contract import CacheSpec
 
 
 def expected_logical_shape(standard: str, spec: CacheSpec) -> tuple[int, ...]:

@@ -11,8 +11,8 @@ import dataclasses
 import torch
 from hypothesis import strategies as st
 
-import reference as R
-from backends_under_test.contract import CacheSpec
+from kvconform import reference as R
+from kvconform.backends_under_test.contract import CacheSpec
 
 from .harness import Case
 

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference as R
+from kvconform import reference as R
 
 from .assertions import assert_bytes_equal
 from .strategies import specs

@@ -5,10 +5,12 @@ reference layout's, and with ``--compare-digests`` equal another machine's run (
 import pytest
 import torch
 
-import reference as R
+from kvconform import reference as R
+from kvconform.reports.equivalence import compare_entries
 
+from .applicability import RUN, NotApplicable, NotApplicableHere
 from .assertions import ConformanceFailure, describe
-from .equivalence import CASES, compare_entries, digest_record, geometry, golden_key, inputs, load_golden, scales, written_blocks
+from .equivalence import CASES, digest_record, geometry, golden_key, inputs, load_golden, scales, written_blocks
 from .ops import synchronize
 
 pytestmark = [pytest.mark.equivalence, pytest.mark.kvc_op("write")]
@@ -70,12 +72,12 @@ def test_canonical_bytes_equal_the_committed_reference_digests(case, golden_case
 
 @pytest.mark.kvc_needs("compare_digests")
 @pytest.mark.parametrize("golden_case", CASES, ids=[c.name for c in CASES])
-def test_digests_equal_the_exported_run(case, golden_case, request):
+def test_digests_equal_the_exported_run(case, golden_case, exported_digests):
     record, _, _ = written(case, golden_case)
-    exported = request.config._kvc_compare
+    exported = exported_digests
     theirs = [e for e in exported["entries"] if e["case"] == golden_case.name and e["layout"] == record["layout"]]
     if not theirs:
-        pytest.skip(f"not applicable: {exported['path']} has no {record['layout']} digest for {golden_case.name}")
+        raise NotApplicableHere(NotApplicable(RUN, f"--kvc-compare-digests {exported['path']}", f"has no {record['layout']} digest for {golden_case.name}"))
     for entry in theirs:
         verdict = compare_entries(record, entry)
         if verdict is not None:

@@ -6,8 +6,8 @@ never offers a connector configuration a backend that cannot serve one (LAYOUT_S
 
 import pytest
 
-import reference as R
-from backends_under_test.contract import CONNECTOR_NOT_SUPPORTED
+from kvconform import reference as R
+from kvconform.backends_under_test.contract import CONNECTOR_NOT_SUPPORTED
 
 from .assertions import assert_equal
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference as R
+from kvconform import reference as R
 
 from .assertions import assert_close
 from .harness import FP8_KV_CACHE_DTYPES, token_rows

@@ -5,7 +5,7 @@ the one vLLM resolves with a connector) — blocks outermost and no inner gaps (
 
 import pytest
 
-import reference as R
+from kvconform import reference as R
 
 from .assertions import assert_equal, assert_offsets_equal, assert_true
 from .observed import expected_logical_shape, observed_offset_map

@@ -5,7 +5,7 @@ lands in the cache (LAYOUT_SPEC §B.6; pitfall F.6)."""
 import pytest
 import torch
 
-import reference as R
+from kvconform import reference as R
 
 from .assertions import assert_bytes_equal, assert_equal
 from .harness import Case

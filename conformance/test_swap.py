@@ -5,7 +5,7 @@ pitfall F.1), comes back into other device blocks, and nothing else moves (LAYOU
 import pytest
 import torch
 
-import reference as R
+from kvconform import reference as R
 
 from .assertions import assert_bytes_equal, assert_true
 from .harness import block_ids

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-import reference as R
+from kvconform import reference as R
 
 TOKENS, SEED = 37, 7
 FIRST_BLOCK = 2
@@ -52,8 +52,8 @@ PAIRS = (
 
 
 def _setup(side: Side, device: str = "cpu"):
-    from backends_under_test import registry
-    from backends_under_test.contract import CacheSpec
+    from kvconform.backends_under_test import registry
+    from kvconform.backends_under_test.contract import CacheSpec
 
     backend = registry.load(side.backend).backend
     layout = next(lay for lay in backend.capabilities.layouts if f"{lay.era}:{lay.alias}" == side.layout)

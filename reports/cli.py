@@ -1,6 +1,5 @@
-"""``kvconform report …`` / ``kvconform run …`` (also ``python -m reports …``).
+"""``kvconform report …`` (also ``python -m kvconform.reports …``).
 
-    kvconform run --backend a,b,c [--kvc-timeout S] [-j N] [-- PYTEST ARGS]   (one process per backend)
     kvconform report html RUN.json -o report.html
     kvconform report merge RUN1.json RUN2.json … -o merged.html [--json merged.json]
     kvconform report matrix RUN.json …          (terminal matrix)
@@ -36,10 +35,8 @@ def merged_document(documents: list[dict]) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvconform", description="kvconform reports")
-    sub = parser.add_subparsers(dest="command", required=True)
-    report = sub.add_parser("report", help="render or merge result files").add_subparsers(dest="action", required=True)
+def add_actions(report) -> None:
+    """The ``html``, ``merge`` and ``matrix`` actions, on an argparse subparsers object."""
     html = report.add_parser("html", help="render one results file as HTML")
     html.add_argument("run")
     html.add_argument("-o", "--output", required=True)
@@ -49,18 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     merge.add_argument("--json", help="also write the merged results document")
     matrix = report.add_parser("matrix", help="print the terminal matrix")
     matrix.add_argument("runs", nargs="+")
-    run = sub.add_parser("run", help="run each backend in its own process (fault isolation) and merge")
-    run.add_argument("--backend", required=True, help="comma-separated backends")
-    run.add_argument("--out", default="kvconform-results", help="directory for per-backend and merged results")
-    run.add_argument("--kvc-timeout", type=float, default=600.0, help="seconds per test before it is ended as timeout")
-    run.add_argument("-j", "--jobs", type=int, default=1, help="backends run at once")
-    run.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after '--': extra pytest arguments")
-    args = parser.parse_args(argv)
-    if args.command == "run":
-        from conformance.isolation import run as run_isolated
 
-        extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
-        return run_isolated([b for b in args.backend.split(",") if b], extra, args.out, args.kvc_timeout, args.jobs)
+
+def run(args) -> int:
     try:
         documents = [load(path) for path in ([args.run] if args.action == "html" else args.runs)]
     except SchemaError as exc:
@@ -74,3 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         write_atomically(args.json, json.dumps(merged_document(documents), indent=1))
     print(f"kvconform: wrote {args.output}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kvconform.reports html|merge|matrix …`` (same as ``kvconform report …``)."""
+    parser = argparse.ArgumentParser(prog="python -m kvconform.reports", description="kvconform reports")
+    add_actions(parser.add_subparsers(dest="action", required=True))
+    return run(parser.parse_args(argv))

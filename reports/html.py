@@ -13,7 +13,7 @@ from .results import FAILING
 from .svg import byte_map_svg
 from .terminal import cell_text
 
-_ENV = Environment(loader=PackageLoader("reports", "templates"), autoescape=select_autoescape(["html", "j2"]))
+_ENV = Environment(loader=PackageLoader("kvconform.reports", "templates"), autoescape=select_autoescape(["html", "j2"]))
 
 
 def render_runs(documents: list[dict]) -> str:

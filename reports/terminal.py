@@ -67,9 +67,3 @@ def render(documents: list[dict], *, color: bool, width: int = 160) -> str:
         for row, column in specific:
             console.print(f"  [red]{column}[/]: {row}")
     return out.getvalue()
-
-
-def print_matrix(terminalreporter, documents: list[dict]) -> None:
-    color = terminalreporter.hasmarkup
-    terminalreporter.write_sep("=", "kvconform")
-    terminalreporter.write(render(documents, color=color, width=max(100, terminalreporter._tw.fullwidth)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from reference import Geometry, Layout
+from kvconform.reference import Geometry, Layout
 
 CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2)
 

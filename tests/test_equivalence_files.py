@@ -1,18 +1,14 @@
 """Golden digests stay current; digest files travel between machines and refuse a wrong header."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-from conformance import equivalence
+from kvconform.conformance import equivalence
 
-ROOT = Path(__file__).resolve().parents[1]
+from .suite_runs import run_suite
 
 
-def suite(*args):
-    cmd = [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider", "-m", "equivalence", *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+def suite(out_dir, *args):
+    return run_suite(out_dir, "-m", "equivalence", *args)
 
 
 def test_committed_golden_digests_are_what_the_reference_produces():
@@ -21,40 +17,38 @@ def test_committed_golden_digests_are_what_the_reference_produces():
 
 def test_export_on_one_platform_compares_on_another(tmp_path):
     exported = tmp_path / "nvidia.json"
-    assert suite("--backend", "reference,triton_flash", "--export-digests", str(exported), "--kvc-json", str(tmp_path / "a.json")).returncode == 0
+    assert suite(tmp_path / "a", "--backend", "reference,triton_flash", "--export-digests", str(exported)).returncode == 0
     entries = json.loads(exported.read_text())["entries"]
     assert {e["backend"] for e in entries} == {"reference", "triton_flash"}
     # an MI300-like run (e4m3fnuz, scales doubled as vLLM does) is equivalent after the exact conversion
-    compared = suite("--backend", "reference_gfx942,triton_aiter", "--compare-digests", str(exported), "--kvc-json", str(tmp_path / "b.json"))
-    assert compared.returncode == 0, compared.stdout[-3000:]
-    records = json.loads((tmp_path / "b.json").read_text())["tests"]
+    compared = suite(tmp_path / "b", "--backend", "reference_gfx942,triton_aiter", "--compare-digests", str(exported))
+    assert compared.returncode == 0, compared.output
+    records = compared.records
     assert any(r["check"] == "test_digests_equal_the_exported_run" and r["outcome"] == "passed" and "fp8" in r["nodeid"] for r in records)
 
 
 def test_a_tampered_header_is_refused(tmp_path):
     exported = tmp_path / "run.json"
-    suite("--backend", "reference", "--export-digests", str(exported), "--kvc-json", str(tmp_path / "a.json"))
+    suite(tmp_path / "a", "--backend", "reference", "--export-digests", str(exported))
     document = json.loads(exported.read_text())
     document["cases_hash"] = "0" * 16
     exported.write_text(json.dumps(document))
-    proc = suite("--backend", "reference", "--compare-digests", str(exported), "--kvc-json", str(tmp_path / "b.json"))
-    assert proc.returncode == 4 and "header cases_hash" in proc.stderr and "not comparable" in proc.stderr
+    run = suite(tmp_path / "b", "--backend", "reference", "--compare-digests", str(exported))
+    assert run.returncode == 4 and "header cases_hash" in run.proc.stderr and "not comparable" in run.proc.stderr
 
 
 def test_a_one_bit_difference_fails_the_golden_digest(tmp_path):
-    out = tmp_path / "r.json"
-    suite("--backend", "mutant:write_one_bit_flipped", "--kvc-json", str(out))
-    records = [r for r in json.loads(out.read_text())["tests"] if r["check"] == "test_canonical_bytes_equal_the_committed_reference_digests"]
+    run = suite(tmp_path, "--backend", "mutant:write_one_bit_flipped")
+    records = [r for r in run.records if r["check"] == "test_canonical_bytes_equal_the_committed_reference_digests"]
     assert records and all(r["outcome"] in ("failed", "not-applicable") for r in records)
     assert any("first at layer=0" in r["message"] for r in records if r["outcome"] == "failed")
 
 
 def test_merged_report_shows_the_equivalence_matrix(tmp_path):
-    from reports.equivalence import equivalence_matrix
+    from kvconform.reports.equivalence import equivalence_matrix
 
-    suite("--backend", "reference,triton_aiter", "--kvc-json", str(tmp_path / "nvidia.json"))
-    suite("--backend", "reference_gfx942,mutant:write_one_bit_flipped", "--kvc-json", str(tmp_path / "amd.json"))
-    documents = [json.loads((tmp_path / f).read_text()) for f in ("nvidia.json", "amd.json")]
+    documents = [suite(tmp_path / "nvidia", "--backend", "reference,triton_aiter").document,
+                 suite(tmp_path / "amd", "--backend", "reference_gfx942,mutant:write_one_bit_flipped").document]
     columns, cells = equivalence_matrix(documents)
     assert cells[("reference@cpu", "triton_aiter@cpu")] == "layout-conversion"
     assert cells[("reference@cpu", "reference_gfx942@rocm-gfx942")] == "fp8-conversion"
@@ -63,8 +57,7 @@ def test_merged_report_shows_the_equivalence_matrix(tmp_path):
 
 def test_a_backend_that_differs_from_the_exported_run_fails_the_comparison(tmp_path):
     exported = tmp_path / "run.json"
-    suite("--backend", "reference", "--export-digests", str(exported), "--kvc-json", str(tmp_path / "a.json"))
-    out = tmp_path / "b.json"
-    suite("--backend", "mutant:write_one_bit_flipped", "--compare-digests", str(exported), "--kvc-json", str(out))
-    compared = [r for r in json.loads(out.read_text())["tests"] if r["check"] == "test_digests_equal_the_exported_run"]
+    suite(tmp_path / "a", "--backend", "reference", "--export-digests", str(exported))
+    run = suite(tmp_path / "b", "--backend", "mutant:write_one_bit_flipped", "--compare-digests", str(exported))
+    compared = [r for r in run.records if r["check"] == "test_digests_equal_the_exported_run"]
     assert any(r["outcome"] == "failed" and "page digest" in r["message"] for r in compared)

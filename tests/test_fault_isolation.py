@@ -16,7 +16,7 @@ BACKENDS = ["reference", "fault:crash_on_write", "fault:hang_on_write", "fault:s
 def test_faulty_backends_fail_in_their_own_cells_and_the_run_completes(tmp_path):
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "reports", "run", "--backend", ",".join(BACKENDS), "--kvc-timeout", "3", "-j", "3",
+        [sys.executable, "-m", "kvconform", "run", "--backend", ",".join(BACKENDS), "--kvc-timeout", "3", "-j", "3",
          "--out", str(tmp_path), "--", "-m", "write", "-k", "padding_slots"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )

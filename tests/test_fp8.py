@@ -5,7 +5,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reference import fp8
+from kvconform.reference import fp8
 
 from . import oracle
 

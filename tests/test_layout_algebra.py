@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given
 
-import reference as R
+from kvconform import reference as R
 
 from . import oracle
 from .strategies import geometries

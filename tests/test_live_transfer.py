@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from conformance.transfer import PAIRS, run_pair
+from kvconform.conformance.transfer import PAIRS, run_pair
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=[p.name for p in PAIRS])

@@ -1,17 +1,13 @@
 """Every seeded fault is caught by the check family it is aimed at, and every correct
 backend passes: the suite's own proof that its checks can fail."""
 
-import json
-import subprocess
-import sys
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 
-from backends_under_test.mutants import MUTANTS
+from kvconform.backends_under_test.mutants import MUTANTS
 
-ROOT = Path(__file__).resolve().parents[1]
+from .suite_runs import run_suite as run_suite_process
 CORRECT = {
     "reference": "e1", "reference_kv_first": "e1", "reference_e3": "e3",
     "triton_flash": "e1", "triton_aiter": "e1", "triton_unified": "e1", "triton_rocm_attn": "e1",
@@ -19,13 +15,9 @@ CORRECT = {
 
 
 def run_suite(tmp_path_factory, backends, standard, *extra):
-    out = tmp_path_factory.mktemp("suite") / "results.json"
-    cmd = [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider", "-n", "2",
-           "--backend", ",".join(backends), "--standard", standard, "--kvc-json", str(out), *extra]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
-    assert out.exists(), f"suite wrote no results (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    result = run_suite_process(tmp_path_factory.mktemp("suite"), "-n", "2", "--backend", ",".join(backends), "--standard", standard, *extra)
     outcomes = defaultdict(lambda: defaultdict(list))
-    for record in json.loads(out.read_text())["tests"]:
+    for record in result.records:
         outcomes[record["backend"]][record["family"]].append((record["outcome"], record["nodeid"], record["message"]))
     return {backend: dict(families) for backend, families in outcomes.items()}
 

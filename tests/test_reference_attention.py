@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference as R
+from kvconform import reference as R
 
 LAYOUTS = {k: v for k, v in R.named_layouts().items() if "L" not in v.k_dims}
 

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference as R
+from kvconform import reference as R
 
 from . import oracle
 from .strategies import geometries, slot_mappings

@@ -2,20 +2,17 @@
 is reachable, a backend called ``<script>…`` stays text. The screenshot is kept as a CI artifact
 (kvconform-results/report-screenshot.png)."""
 
-import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
 
-from reports.html import render_runs
+from kvconform.reports.html import render_runs
 
-ROOT = Path(__file__).resolve().parents[1]
+from .suite_runs import ROOT, run_suite
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
@@ -60,16 +57,13 @@ def chromium(url: str, *args: str) -> str:
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("report")
-    run = tmp / "run.json"
-    subprocess.run([sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider", "-m", "write or split",
-                    "--backend", "reference,mutant:kv_first_reported_as_blocks_first", "--kvc-json", str(run)],
-                   cwd=ROOT, capture_output=True, timeout=600)
+    run = run_suite(tmp, "-m", "write or split", "--backend", "reference,mutant:kv_first_reported_as_blocks_first")
     hostile = {"schema": "kvconform-results/1", "environment": {"device": "cpu", "device_name": "x", "backends": {}},
                "tests": [{"nodeid": "t::x[<script>alert(1)</script>]", "backend": "<script>alert(1)</script>", "platform": "cpu",
                           "arch": "", "family": "write", "check": "test_written_elements_land_at_reference_offsets_and_nothing_else_changes",
                           "outcome": "passed", "message": ""}]}
     html = tmp / "report.html"
-    html.write_text(render_runs([json.loads(run.read_text()), hostile]))
+    html.write_text(render_runs([run.document, hostile]))
     return html
 
 

@@ -3,27 +3,22 @@ HTML escapes what backends say about themselves."""
 
 import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from reports import cli, expectations
-from reports.html import render_runs
-from reports.matrix import build
+from kvconform.reports import cli, expectations
+from kvconform.reports.html import render_runs
+from kvconform.reports.matrix import build
 
-ROOT = Path(__file__).resolve().parents[1]
+from .suite_runs import run_suite
+
 FAILING_MUTANT = "mutant:swap_indexes_dim1"
 SWAP_FAILURES = f"conformance/test_swap.py::*[{FAILING_MUTANT}-*]"
 
 
 def suite(tmp_path, *args):
-    out = tmp_path / "results.json"
-    cmd = [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider", "-m", "swap or gating",
-           "--kvc-json", str(out), *args]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    return proc, (json.loads(out.read_text()) if out.exists() else None)
+    run = run_suite(tmp_path, "-m", "swap or gating", *args)
+    return run.proc, run.document
 
 
 def write(tmp_path, name, text):
@@ -93,7 +88,7 @@ def test_merge_of_runs_from_two_platforms_gives_one_matrix(tmp_path):
         paths.append(tmp_path / f"run{i}.json")
         paths[-1].write_text(json.dumps(run))
     out = tmp_path / "merged.html"
-    assert cli.main(["report", "merge", *map(str, paths), "-o", str(out), "--json", str(tmp_path / "m.json")]) == 0
+    assert cli.main(["merge", *map(str, paths), "-o", str(out), "--json", str(tmp_path / "m.json")]) == 0
     matrix = build([json.loads((tmp_path / "m.json").read_text())])
     assert matrix.rows == ["test_x"] and matrix.columns == ["triton_aiter@cuda-sm90", "triton_aiter@rocm-gfx942"]
     assert matrix.backend_specific_failures() == [("test_x", "triton_aiter@rocm-gfx942")]
@@ -103,7 +98,7 @@ def test_merge_of_runs_from_two_platforms_gives_one_matrix(tmp_path):
 def test_merge_refuses_another_schema_version(tmp_path, capsys):
     old = tmp_path / "old.json"
     old.write_text(json.dumps({**fake_run("a", "cpu", "", "passed"), "schema": "kvconform-results/0"}))
-    assert cli.main(["report", "merge", str(old), "-o", str(tmp_path / "x.html")]) == 2
+    assert cli.main(["merge", str(old), "-o", str(tmp_path / "x.html")]) == 2
     assert "schema 'kvconform-results/0' is not 'kvconform-results/1'" in capsys.readouterr().err
 
 

@@ -6,14 +6,14 @@ absence a failure. Each module fixture is one suite run; the tests read its resu
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .suite_runs import ROOT, run_suite
+
 VLLM_PYTHON = os.environ.get("KVCONFORM_VLLM_PYTHON")
 PLUGIN = ["-p", "tests.vllm_cpu.plugin"]
 ROCM_GFX942 = ["ROCM_AITER_FA", "ROCM_AITER_FA+shuffle", "ROCM_AITER_UNIFIED_ATTN", "ROCM_ATTN", "TRITON_ATTN", "FLASH_ATTN", "FLASHINFER"]
@@ -28,13 +28,10 @@ needs_vllm = pytest.mark.skipif(
 def suite(python, tmp_path, *args, env=None):
     if not python:
         pytest.fail("KVCONFORM_REQUIRE_VLLM=1 but KVCONFORM_VLLM_PYTHON is not set")
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    out = tmp_path / "results.json"
-    cmd = [python, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider", "--kvc-json", str(out), *args]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
-    if not out.exists():
-        pytest.fail(f"no results from {' '.join(cmd)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return {**json.loads(out.read_text()), "exit_status": proc.returncode}
+    run = run_suite(tmp_path, "-q", *args, python=python, env=env, timeout=600)
+    if run.document is None:
+        pytest.fail(f"no results from {' '.join(run.proc.args)}:\n{run.output}")
+    return {**run.document, "exit_status": run.returncode}
 
 
 def records(run, backend, family=None):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from vllm.v1.attention.backend import AttentionBackend, AttentionImpl
 
-from backends_under_test.vllm_backend import adapter_for
+from kvconform.backends_under_test.vllm_backend import adapter_for
 
 
 class _NoKernels(AttentionImpl):

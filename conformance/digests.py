@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 
-from .results import package_version, read_json, write_atomically
+from kvconform.reports.results import package_version, read_json, write_atomically
+
+from .equivalence import CASES, FP8_FORMATS, scales
 
 SCHEMA = "kvconform-digests/1"
 
@@ -21,8 +23,6 @@ class DigestFileError(ValueError):
 
 
 def cases_hash() -> str:
-    from conformance.equivalence import CASES, FP8_FORMATS, scales
-
     text = repr([(c, str(c.model_dtype)) for c in CASES]) + repr([[s.tolist() for s in scales(f)] for f in (None, *FP8_FORMATS)])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

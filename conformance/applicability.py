@@ -1,0 +1,220 @@
+"""When a check does not apply: one table of needs, each answered with a typed reason.
+
+A check states what it needs with markers — ``kvc_op(NAME)``, ``kvc_layouts(KIND)``,
+``kvc_needs(FEATURE)`` — and a golden-case parameter where it has one. :func:`not_applicable`
+evaluates those needs against the backend's declaration, this run's options and this machine,
+and returns the first unmet one as a :class:`NotApplicable`: *who* lacks *what*, and of which
+*kind*. Only ``declaration`` reasons mean "the backend says it does not do this"; ``run`` and
+``machine`` reasons are properties of this invocation or this machine, so a run that needs to
+show full coverage can tell them apart. An unmet need is never a pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+
+from kvconform import reference as R
+from kvconform.backends_under_test.contract import Backend, OpUnavailable
+
+DECLARATION, RUN, MACHINE = "declaration", "run", "machine"
+LAYOUT_KINDS = ("all", "tiled", "standard", "connector", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class NotApplicable:
+    """Why a check does not run: ``who`` lacks ``what``; ``kind`` is declaration | run | machine."""
+
+    kind: str
+    who: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.who} {self.what}"
+
+    def as_record(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_op_unavailable(cls, backend_name: str, exc: OpUnavailable) -> "NotApplicable":
+        """A backend's real code path cannot run on this machine (a compiled op is absent …)."""
+        return cls(MACHINE, "this machine", f"cannot run this code path of backend {backend_name}: {exc}")
+
+
+class NotApplicableHere(Exception):
+    """Raised by a check that finds out only while running that it does not apply."""
+
+    def __init__(self, reason: NotApplicable):
+        super().__init__(str(reason))
+        self.reason = reason
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What the needs are judged against."""
+
+    backend: Backend
+    layout: R.Layout | None
+    standard: str
+    device: str
+    huge: bool
+    compare_digests: bool
+
+
+def _backend(ctx: Context) -> str:
+    return f"backend {ctx.backend.name}"
+
+
+def _fp8(ctx, _):
+    return None if set(ctx.backend.capabilities.kv_cache_dtypes) & set(R.fp8.KV_CACHE_DTYPES) else "declares no fp8 kv_cache_dtype"
+
+
+def _single_kv_head(ctx, _):
+    return None if 1 in ctx.backend.capabilities.num_kv_heads else "does not declare num_kv_heads=1"
+
+
+def _selector(ctx, _):
+    return None if ctx.backend.selection_order(use_kv_connector=False) is not None else "has no platform selector to check"
+
+
+def _op(ctx, name):
+    return None if name in ctx.backend.capabilities.ops else f"does not declare op '{name}'"
+
+
+def _declared_standard(ctx, kind):
+    if kind not in ("standard", "connector") or ctx.backend.capabilities.standards:
+        return None
+    return "declares no layout standard (E1 blocks-first or E3)"
+
+
+def _run_standard(ctx, kind):
+    standards = ctx.backend.capabilities.standards
+    if kind not in ("standard", "connector") or not standards or ctx.standard in standards:
+        return None
+    return f"checks --standard {ctx.standard}; backend {ctx.backend.name} declares {sorted(standards)}"
+
+
+def _standard_specific(ctx, wanted):
+    return None if ctx.standard == wanted else f"checks --standard {ctx.standard}; the check is {wanted.upper()}-specific"
+
+
+def _golden_case(ctx, golden):
+    """A golden equivalence case must lie inside the declared capabilities and fit the layout."""
+    from .equivalence import geometry
+
+    caps = ctx.backend.capabilities
+    for what, value, allowed in (("kv_cache_dtype", golden.kv_cache_dtype, caps.kv_cache_dtypes), ("dtype", golden.model_dtype, caps.dtypes),
+                                 ("block_size", golden.block_size, caps.block_sizes), ("head_size", golden.head_size, caps.head_sizes),
+                                 ("num_kv_heads", golden.num_kv_heads, caps.num_kv_heads)):
+        if value not in allowed:
+            return f"does not declare {what}={value} (golden case {golden.name})"
+    try:
+        ctx.layout.validate(geometry(golden, ctx.backend.cache_dtype(golden.kv_cache_dtype, golden.model_dtype)))
+    except ValueError as exc:
+        return f"declares layout {ctx.layout.alias}, which cannot hold golden case {golden.name}: {exc}"
+    return None
+
+
+def _gpu(ctx, _):
+    return None if ctx.device.startswith("cuda") else "has no GPU (caches on cpu)"
+
+
+def _compare_digests(ctx, _):
+    return None if ctx.compare_digests else "has no --compare-digests FILE"
+
+
+def available_ram() -> int:
+    """RAM the kernel can hand out now: MemAvailable counts reclaimable page cache, which a
+    machine that just cloned and installed things is full of (free pages alone undercount)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) << 10
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _huge_flag(ctx, _):
+    if ctx.device.startswith("cuda") or ctx.huge:
+        return None
+    return "did not ask for --kvc-huge (a cache past 2^31 elements runs on CPU only with it)"
+
+
+def _memory_2_31(ctx, _):  # a cache past 2^31 elements and its reference copy
+    if ctx.device.startswith("cuda"):
+        free = torch.cuda.mem_get_info()[0]
+        return None if free >= 12 << 30 else f"has {free >> 30} GiB free on the GPU; a cache past 2^31 elements needs >= 12 GiB"
+    free = available_ram()
+    return None if free >= 10 << 30 else f"has {free >> 30} GiB of RAM available; --kvc-huge needs >= 10 GiB"
+
+
+# need -> (kind, who, check(ctx, argument) -> what is missing, or None). Evaluated in this order.
+NEEDS = {
+    "op": (DECLARATION, _backend, _op),
+    "declared_standard": (DECLARATION, _backend, _declared_standard),
+    "golden_case": (DECLARATION, _backend, _golden_case),
+    "fp8": (DECLARATION, _backend, _fp8),
+    "single_kv_head": (DECLARATION, _backend, _single_kv_head),
+    "selector": (DECLARATION, _backend, _selector),
+    "run_standard": (RUN, lambda ctx: "this run", _run_standard),
+    "standard_e1": (RUN, lambda ctx: "this run", lambda ctx, _: _standard_specific(ctx, "e1")),
+    "standard_e3": (RUN, lambda ctx: "this run", lambda ctx, _: _standard_specific(ctx, "e3")),
+    "compare_digests": (RUN, lambda ctx: "this run", _compare_digests),
+    "huge_flag": (RUN, lambda ctx: "this run", _huge_flag),
+    "gpu": (MACHINE, lambda ctx: "this machine", _gpu),
+    "memory_2_31": (MACHINE, lambda ctx: "this machine", _memory_2_31),
+}
+FEATURES = ("fp8", "single_kv_head", "selector", "standard_e1", "standard_e3", "compare_digests", "gpu", "memory_2_31")
+_IMPLIED = {"memory_2_31": ("huge_flag", "memory_2_31")}  # a feature that is several needs
+
+
+def needs_of(markers: dict, golden_case=None) -> list[tuple[str, object]]:
+    """The (need, argument) pairs a check states through its markers, in table order."""
+    wanted = []
+    if markers.get("kvc_op"):
+        wanted.append(("op", markers["kvc_op"]))
+    kind = markers.get("kvc_layouts", "all")
+    wanted += [("declared_standard", kind), ("run_standard", kind)]
+    if golden_case is not None:
+        wanted.append(("golden_case", golden_case))
+    for feature in markers.get("kvc_needs", ()):
+        if feature not in FEATURES:
+            raise ValueError(f"kvc_needs: unknown feature {feature!r}; expected one of {FEATURES}")
+        wanted += [(need, None) for need in _IMPLIED.get(feature, (feature,))]
+    order = list(NEEDS)
+    return sorted(wanted, key=lambda pair: order.index(pair[0]))
+
+
+def not_applicable(ctx: Context, needs: list[tuple[str, object]]) -> NotApplicable | None:
+    """The first unmet need, or None when the check applies."""
+    for need, argument in needs:
+        kind, who, check = NEEDS[need]
+        what = check(ctx, argument)
+        if what:
+            return NotApplicable(kind, who(ctx), what)
+    return None
+
+
+def layouts_for(backend: Backend, kind: str, standard: str) -> list:
+    """The declared layouts a check runs on; a :class:`NotApplicable` when the kind has none."""
+    layouts = backend.capabilities.layouts
+    if kind == "none":
+        return [None]
+    if kind == "connector":  # E1: every layout is the standard; E3: those a connector runs with
+        chosen = list(layouts) if standard == "e1" else [lay for lay in backend.connector_layouts() if backend.supports_kv_connector()]
+    elif kind == "tiled":
+        chosen = [lay for lay in layouts if lay.is_tiled]
+    elif kind in ("all", "standard"):
+        chosen = list(layouts)
+    else:
+        raise ValueError(f"kvc_layouts: unknown kind {kind!r}; expected one of {LAYOUT_KINDS}")
+    return chosen or [NotApplicable(DECLARATION, f"backend {backend.name}", f"declares no {kind} layout")]
+
+
+def unavailable_backend(name: str, why: str) -> NotApplicable:
+    """The backend's library is absent here (vLLM not installed): nothing of it can run."""
+    return NotApplicable(MACHINE, "this machine", f"cannot load backend {name}: {why}")

@@ -1,0 +1,102 @@
+"""The suite's command-line options, and the run options parsed from them.
+
+Every option is registered as ``--kvc-NAME`` (dest ``kvc_NAME``), a spelling no other plugin
+or conftest uses: an installed kvconform loads its plugin into every pytest of the
+environment, and a vendor conftest that defines ``--device`` must keep working. The short
+spellings the docs use (``--backend``, ``--seed`` …) are added as aliases once the initial
+conftests have registered theirs, for each name still free (:func:`add_aliases`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+PROFILES = ("quick", "full")
+STANDARDS = ("e1", "e3")
+DEFAULT_JSON = "kvconform-results/results.json"
+
+# (name, short alias or None, argparse attributes)
+OPTIONS = (
+    ("backend", True, dict(action="append", default=[], metavar="NAME[,NAME…]",
+                           help="backend(s) to check, comma-separated or repeated: a registered name, 'mutant:NAME', "
+                                "'vllm:NAME[+shuffle]' or 'pkg.module:attr' (default: every built-in that loads here)")),
+    ("device", True, dict(default=None, help="device for caches (default: cuda if available, else cpu)")),
+    ("seed", True, dict(type=int, default=0, help="seed for Hypothesis and all generated data (default 0)")),
+    ("profile", True, dict(choices=PROFILES, default="quick", help="Hypothesis example budget: quick (6 examples, unshrunk) or full (80, shrunk)")),
+    ("standard", True, dict(choices=STANDARDS, default="e1", help="layout standard the shape/split checks hold backends to")),
+    ("json", False, dict(default=DEFAULT_JSON, metavar="PATH", help="where to write per-test JSON results")),
+    ("html", False, dict(default=None, metavar="PATH", help="where to write the HTML report (default: next to --kvc-json)")),
+    ("huge", False, dict(action="store_true", help="also run the >2^31-element cache check on CPU (needs ~10 GiB RAM)")),
+    ("timeout", False, dict(type=float, default=None, metavar="S",
+                            help="seconds per test; a test past it ends its process (use with xdist -n, or `kvconform run`) and is reported timeout")),
+    ("export-digests", True, dict(default=None, metavar="FILE", help="write this run's equivalence digests (for --compare-digests on another machine)")),
+    ("compare-digests", True, dict(default=None, metavar="FILE", help="compare this run's digests with a file written by --export-digests")),
+    ("expectations", True, dict(default=None, metavar="FILE", help="vendor expectations file: known failures do not fail the run (docs/EXPECTATIONS.md)")),
+    ("update-expectations", True, dict(default=None, metavar="FILE", help="write the current failures as the next expectations baseline")),
+)
+
+
+def dest(name: str) -> str:
+    return "kvc_" + name.replace("-", "_")
+
+
+def add_options(parser) -> None:
+    group = parser.getgroup("kvconform", "kvconform conformance suite (pytest --pyargs kvconform.conformance)")
+    for name, _, attrs in OPTIONS:
+        group.addoption(f"--kvc-{name}", dest=dest(name), **attrs)
+
+
+def add_aliases(parser) -> list[str]:
+    """Register ``--NAME`` for every option with a short spelling that no one else took;
+    returns the spellings left to their owners (use ``--kvc-NAME`` for those)."""
+    taken = {n for group in parser._groups for option in group.options for n in option.names()}
+    group = parser.getgroup("kvconform")
+    skipped = []
+    for name, aliased, attrs in OPTIONS:
+        if not aliased:
+            continue
+        if f"--{name}" in taken:
+            skipped.append(f"--{name}")
+            continue
+        group.addoption(f"--{name}", dest=dest(name), **{**attrs, "help": f"same as --kvc-{name}"})
+    return skipped
+
+
+def given(config) -> list[str]:
+    """The kvconform options this invocation set to something other than their defaults."""
+    return [f"--kvc-{name}" for name, _, attrs in OPTIONS if config.getoption(dest(name)) != attrs.get("default", False)]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """What one run of the suite was asked for (read once from the pytest config)."""
+
+    backends: tuple[str, ...]
+    device: str
+    seed: int
+    profile: str
+    standard: str
+    json_path: str
+    html_path: str | None
+    huge: bool
+    timeout: float | None
+    export_digests: str | None
+    compare_digests: str | None
+    expectations: str | None
+    update_expectations: str | None
+
+    @classmethod
+    def from_config(cls, config, default_device: str) -> "RunOptions":
+        get = lambda name: config.getoption(dest(name))  # noqa: E731
+        names = tuple(dict.fromkeys(n.strip() for value in get("backend") for n in value.split(",") if n.strip()))
+        return cls(
+            backends=names, device=get("device") or default_device, seed=get("seed"), profile=get("profile"),
+            standard=get("standard"), json_path=get("json"), html_path=get("html"), huge=get("huge"), timeout=get("timeout"),
+            export_digests=get("export-digests"), compare_digests=get("compare-digests"),
+            expectations=get("expectations"), update_expectations=get("update-expectations"),
+        )
+
+    def cli_args(self) -> list[str]:
+        """The options that reproduce this run's seed, profile, standard and device (canonical
+        spellings: a repro line must mean the same inside any vendor repository)."""
+        return ["--kvc-seed", str(self.seed), "--kvc-profile", self.profile, "--kvc-standard", self.standard, "--kvc-device", self.device]

@@ -1,0 +1,385 @@
+"""kvconform's pytest plugin: ``pytest --pyargs kvconform.conformance --backend NAME``.
+
+Registered as the ``pytest11`` entry point ``kvconform``, so an installed kvconform loads it in
+every pytest run of the environment. It stays out of the way of runs that are not the suite's:
+only ``--kvc-*`` options are registered before conftests load (short spellings follow where
+free, see options.py), and nothing below ``pytest_configure`` happens unless the run collects
+``kvconform.conformance``.
+
+Reading order:
+
+1. options (options.py) and whether this is a suite run (collection.py);
+2. backends: ``--backend`` names loaded through the registry, each a parameter of every check;
+3. applicability (applicability.py): the checks a backend does not declare, or this run or
+   machine cannot do, are *not applicable* with a typed reason — never passes;
+4. the ``case`` fixture every check takes;
+5. recording (recorder.py): one record per test, JSON + HTML + the terminal matrix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import threading
+
+import pytest
+
+from . import collection, options
+
+ENTRY_POINT = "kvconform"
+FAMILIES = ("shape", "split", "write", "shuffle", "swap", "copy", "read", "gating", "equivalence")
+MARKERS = (
+    "kvc_op(name): needs the backend to declare op NAME",
+    "kvc_layouts(kind): which declared layouts to run on: all | tiled | standard | connector | none",
+    "kvc_needs(feature): needs fp8 | single_kv_head | standard_e1 | standard_e3 | selector | gpu | memory_2_31 | compare_digests",
+    "kvc_clause(*ids): the spec clauses (docs/SPEC.md ids) this check verifies",
+)
+RUN = pytest.StashKey["SuiteRun"]()
+
+
+# ----------------------------------------------------------------------------- 1. options
+def pytest_addoption(parser, pluginmanager):
+    options.add_options(parser)
+    if pluginmanager.get_name(sys.modules[__name__]) != ENTRY_POINT:
+        options.add_aliases(parser)  # loaded by the checkout's conftest.py: conftests are loading now
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    result = yield
+    # Conftests have registered their options: take the short spellings that are still free.
+    early_config.stash[_ALIASES_LEFT] = options.add_aliases(parser)
+    return result
+
+
+_ALIASES_LEFT = pytest.StashKey[list]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before Hypothesis' own plugin reads the seed set here
+def pytest_configure(config):
+    for family in FAMILIES:
+        config.addinivalue_line("markers", f"{family}: kvconform check family {family}")
+    for marker in MARKERS:
+        config.addinivalue_line("markers", marker)
+    if not collection.suite_requested(config):
+        given = options.given(config)
+        if given:
+            raise pytest.UsageError(
+                f"{', '.join(given)} given, but this run does not collect the kvconform suite; "
+                "run it with: pytest --pyargs kvconform.conformance …"
+            )
+        return
+    config.stash[RUN] = SuiteRun.start(config)
+
+
+# ----------------------------------------------------------------------------- 2. backends
+@dataclasses.dataclass
+class SuiteRun:
+    """Everything one suite run decided up front; kept in ``config.stash``."""
+
+    options: options.RunOptions
+    backends: dict  # name -> registry.Loaded
+    expectations: list
+    compare: dict | None
+
+    @classmethod
+    def start(cls, config) -> "SuiteRun":
+        import torch
+
+        if not torch.cuda.is_available():  # Triton kernels run on CPU through the interpreter
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+        from hypothesis import HealthCheck, Phase, settings
+        from hypothesis.configuration import set_hypothesis_home_dir
+
+        from kvconform.reports import expectations
+
+        opts = options.RunOptions.from_config(config, "cuda" if torch.cuda.is_available() else "cpu")
+        # Hypothesis' scratch files go beside the results, never into the caller's tree or site-packages.
+        set_hypothesis_home_dir(os.path.join(os.path.dirname(os.path.abspath(opts.json_path)), ".hypothesis"))
+        profiles = {
+            # quick: a cheap verdict — few examples, failing examples reported as found (no shrinking);
+            # full: thorough, and failures shrink to a minimal example.
+            "quick": dict(max_examples=6, phases=(Phase.explicit, Phase.generate)),
+            "full": dict(max_examples=80),
+        }
+        settings.register_profile("kvconform", database=None, deadline=None, derandomize=False,
+                                  suppress_health_check=list(HealthCheck), **profiles[opts.profile])
+        settings.load_profile("kvconform")
+        config.option.hypothesis_seed = str(opts.seed)  # read by Hypothesis' own plugin
+        try:
+            known = expectations.parse(opts.expectations) if opts.expectations else []
+        except expectations.ExpectationsError as exc:
+            raise pytest.UsageError(f"--kvc-expectations: {exc}") from exc
+        run = cls(options=opts, backends=_load_backends(opts.backends), expectations=known, compare=_load_compare(opts.compare_digests))
+        if not hasattr(config, "workerinput"):  # xdist workers send their reports to the controller
+            from .recorder import ResultRecorder, environment
+
+            config.pluginmanager.register(ResultRecorder(run, environment(run, run.backend_facts())), "kvconform-results")
+        return run
+
+    def backend_facts(self) -> dict:
+        facts = {}
+        for name, loaded in self.backends.items():
+            b = loaded.backend
+            if b is None:
+                facts[name] = {"unavailable": loaded.unavailable} if loaded.unavailable else {"error": loaded.error}
+                continue
+            fp8 = str(b.cache_dtype("fp8", _bf16())) if "fp8" in b.capabilities.kv_cache_dtypes else None
+            facts[name] = {"platform": b.platform, "arch": b.arch(), "fp8": fp8, "standards": sorted(b.capabilities.standards), **b.versions()}
+            catches = getattr(b, "catches", None)
+            if catches:  # a seeded-fault backend: which families must catch it (the kill-rate table)
+                facts[name]["mutant"] = {"catches": list(catches), "doc": " ".join((type(b).__doc__ or "").split())}
+        return facts
+
+
+def _bf16():
+    import torch
+
+    return torch.bfloat16
+
+
+def _load_backends(names: tuple[str, ...]) -> dict:
+    from kvconform.backends_under_test import registry
+
+    explicit = bool(names)
+    names = names or tuple(registry.default_names())
+    unknown = [n for n in names if not registry.is_known(n)]
+    if unknown:
+        raise pytest.UsageError(
+            f"--kvc-backend: unknown backend(s) {', '.join(unknown)}; registered: {', '.join(sorted(registry.registered()))} "
+            "(or pass 'vllm:NAME[+shuffle]' or 'pkg.module:attr')"
+        )
+    loaded = {name: registry.load(name) for name in names}
+    if not explicit:  # the default is every built-in that can run here
+        loaded = {n: l for n, l in loaded.items() if l.backend is not None} or loaded
+    return loaded
+
+
+def _load_compare(path):
+    if not path:
+        return None
+    from .digests import DigestFileError, load
+
+    try:
+        return load(path)
+    except DigestFileError as exc:
+        raise pytest.UsageError(f"--kvc-compare-digests: {exc}") from exc
+
+
+def pytest_report_header(config):
+    run = config.stash.get(RUN, None)
+    if run is None:
+        return None
+    import platform
+
+    import torch
+
+    from kvconform.reports.results import package_version
+
+    o = run.options
+    name = torch.cuda.get_device_name() if o.device.startswith("cuda") else platform.processor() or "cpu"
+    lines = [
+        f"kvconform: torch {torch.__version__} (hip {torch.version.hip}), triton {package_version('triton') or 'absent'}, "
+        f"device {o.device} ({name}), profile {o.profile}, seed {o.seed}, standard {o.standard}",
+    ]
+    left = config.stash.get(_ALIASES_LEFT, [])
+    if left:
+        lines.append(f"kvconform: another plugin or conftest owns {', '.join(left)} here; kvconform's are spelled --kvc-NAME")
+    for loaded in run.backends.values():
+        if loaded.backend is None:
+            state = f"NOT AVAILABLE HERE ({loaded.unavailable})" if loaded.unavailable else f"LOAD ERROR {loaded.error}"
+            lines.append(f"  backend {loaded.name}: {state}")
+            continue
+        b = loaded.backend
+        fp8 = b.cache_dtype("fp8", torch.bfloat16) if "fp8" in b.capabilities.kv_cache_dtypes else "-"
+        lines.append(
+            f"  backend {b.name}: platform {b.platform}, arch {b.arch() or '-'}, fp8 {fp8}, "
+            f"standards {sorted(b.capabilities.standards) or '-'}, versions {b.versions()}"
+        )
+    return lines
+
+
+# ----------------------------------------------------------------------------- collection
+@pytest.hookimpl(tryfirst=True)
+def pytest_collect_directory(path, parent):
+    if RUN in parent.config.stash and path.resolve() == collection.suite_dir():
+        return collection.SuitePackage.from_parent(parent, path=path)
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makemodule(module_path, parent):
+    if RUN in parent.config.stash and collection.is_check_file(module_path):
+        return collection.SuiteModule.from_parent(parent, path=module_path)
+    return None
+
+
+def pytest_collect_file(file_path, parent):
+    # Check files a vendor's python_files ini would not collect are still the suite's.
+    if RUN in parent.config.stash and collection.is_check_file(file_path) and not collection.collected_by_pytest(file_path, parent):
+        return collection.SuiteModule.from_parent(parent, path=file_path)
+    return None
+
+
+def pytest_generate_tests(metafunc):
+    run = metafunc.config.stash.get(RUN, None)
+    if run is None or "case" not in metafunc.fixturenames:
+        return
+    from .applicability import layouts_for, unavailable_backend
+
+    marker = metafunc.definition.get_closest_marker("kvc_layouts")
+    kind = marker.args[0] if marker else "all"
+    params, ids = [], []
+    for loaded in run.backends.values():
+        if loaded.backend is None:
+            layouts = [unavailable_backend(loaded.name, loaded.unavailable) if loaded.unavailable else None]
+        else:
+            layouts = layouts_for(loaded.backend, kind, run.options.standard)
+        for layout in layouts:
+            params.append((loaded, layout))
+            if loaded.backend is None or layout is None:
+                ids.append(loaded.name)
+            else:
+                ids.append(f"{loaded.name}-{layout.era}:{layout.alias}" if getattr(layout, "era", None) else f"{loaded.name}-n/a")
+    metafunc.parametrize("case_param", params, ids=ids, indirect=True)
+
+
+# ----------------------------------------------------------------------------- 3. applicability
+def _markers(item) -> dict:
+    found = {}
+    for name in ("kvc_op", "kvc_layouts"):
+        marker = item.get_closest_marker(name)
+        if marker:
+            found[name] = marker.args[0]
+    found["kvc_needs"] = tuple(m.args[0] for m in item.iter_markers("kvc_needs"))
+    return found
+
+
+def pytest_collection_modifyitems(config, items):
+    run = config.stash.get(RUN, None)
+    if run is None:
+        return
+    from kvconform.reports import expectations
+
+    from .applicability import Context, NotApplicable, needs_of, not_applicable
+    from .command import repro_line
+
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or "case_param" not in callspec.params:
+            continue
+        loaded, layout = callspec.params["case_param"]
+        backend = loaded.backend
+        family = next((m.name for m in item.iter_markers() if m.name in FAMILIES), "other")
+        test_id = collection.test_id(item)
+        item.user_properties += [
+            ("test_id", test_id), ("backend", loaded.name), ("family", family), ("check", item.originalname),
+            ("platform", backend.platform if backend else "unknown"), ("arch", backend.arch() if backend else ""),
+            ("layout", str(layout) if getattr(layout, "era", None) else None),
+            ("repro", repro_line(test_id, loaded.name, run.options.cli_args())),
+        ]
+        if isinstance(layout, NotApplicable):
+            reason = layout
+        elif backend is None:
+            reason = None  # a load error: the case fixture fails the test with it
+        else:
+            ctx = Context(backend=backend, layout=layout, standard=run.options.standard, device=run.options.device,
+                          huge=run.options.huge, compare_digests=run.compare is not None)
+            reason = not_applicable(ctx, needs_of(_markers(item), callspec.params.get("golden_case")))
+        if reason:
+            item.user_properties.append(("not_applicable", reason.as_record()))
+            item.add_marker(pytest.mark.skip(reason=f"not applicable: {reason}"))
+            continue
+        tags = {t for t in (backend.platform, backend.arch(), loaded.name) if t} if backend else {loaded.name}
+        known = expectations.first_match(run.expectations, test_id, tags)
+        if known and known.outcome == "Skip":
+            item.add_marker(pytest.mark.skip(reason=f"expectation {known.file}:{known.line}: {known.reason}"))
+        elif known:  # Fail / Crash: a known failure, reported but not failing the run
+            item.add_marker(pytest.mark.xfail(reason=f"expected {known.outcome} ({known.file}:{known.line}: {known.reason})", strict=False))
+
+
+# ----------------------------------------------------------------------------- 4. fixtures
+@pytest.fixture
+def case_param(request):
+    return request.param
+
+
+@pytest.fixture
+def case(request, case_param):
+    import torch
+
+    from .harness import Case
+
+    run = request.config.stash[RUN]
+    loaded, layout = case_param
+    if loaded.backend is None:
+        pytest.fail(f"backend {loaded.name} failed to load: {loaded.error}", pytrace=False)
+    torch.manual_seed(run.options.seed)
+    props = dict(request.node.user_properties)
+
+    def record(key, value):
+        request.node.user_properties.append((key, value))
+
+    return Case(backend=loaded.backend, layout=layout, device=run.options.device, seed=run.options.seed,
+                standard=run.options.standard, test_id=props["test_id"], repro=props["repro"], record=record)
+
+
+@pytest.fixture
+def exported_digests(request):
+    """The digest file given with --kvc-compare-digests (loaded and checked at start-up)."""
+    return request.config.stash[RUN].compare
+
+
+# ----------------------------------------------------------------------------- 5. running and recording
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """--kvc-timeout watchdog: a hung test (a kernel that never returns, a Hypothesis loop that
+    swallows signals) ends its process; xdist restarts the worker and the report says timeout."""
+    run = item.config.stash.get(RUN, None)
+    limit = run.options.timeout if run else None
+    if not limit or "test_id" not in dict(item.user_properties):
+        return (yield)
+    test_id = dict(item.user_properties)["test_id"]
+
+    def expire():
+        from .recorder import mark_timeout
+
+        mark_timeout(run.options.json_path, test_id)
+        sys.stderr.write(f"kvconform: {test_id} exceeded --kvc-timeout {limit}s; ending this process\n")
+        os._exit(70)
+
+    timer = threading.Timer(limit, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        return (yield)
+    finally:
+        timer.cancel()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Typed reasons for code paths that cannot run here; a failed check's structured details."""
+    report = yield
+    if RUN not in item.config.stash or call.excinfo is None:
+        return report
+    from kvconform.backends_under_test.contract import OpUnavailable
+
+    from .applicability import NotApplicable, NotApplicableHere
+
+    if call.excinfo.errisinstance((OpUnavailable, NotApplicableHere)):
+        # The backend's real code path cannot run here (e.g. a compiled op absent): N/A, not a pass.
+        exc = call.excinfo.value
+        reason = exc.reason if isinstance(exc, NotApplicableHere) else NotApplicable.from_op_unavailable(dict(item.user_properties).get("backend", "?"), exc)
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, f"not applicable: {reason}")
+        report.user_properties.append(("not_applicable", reason.as_record()))
+        return report
+    if report.failed and not isinstance(call.excinfo.value, AssertionError):
+        report.user_properties.append(("raised", call.excinfo.typename))  # the backend raised: an error, not a finding
+    details = getattr(call.excinfo.value, "details", None)
+    if details is not None:
+        report.user_properties.append(("failure", details))
+        item.user_properties.append(("failure", details))  # JUnit reads the teardown report's copy
+    return report
