@@ -46,6 +46,7 @@ class Capabilities:
     block_sizes: tuple[int, ...] = (16,)
     num_kv_heads: tuple[int, ...] = (1, 2, 3)
     scale_types: tuple[str, ...] = ("tensor",)  # "tensor" and/or "head" (per-KV-head [H])
+    num_layers: tuple[int, ...] = (1,)  # layers per allocation the ops accept (layouts with a layer dim)
 
     def __post_init__(self):
         unknown = set(self.ops) - OPS
@@ -68,6 +69,7 @@ class CacheSpec:
     geometry: Geometry
     kv_cache_dtype: str = "auto"
     model_dtype: torch.dtype = torch.bfloat16
+    layer: int = 0  # the layer of a multi-layer allocation that per-layer ops (write, split, decode) act on
 
 
 class Backend(abc.ABC):

@@ -36,9 +36,10 @@ class ReferenceBackend(Backend):
             standards=standards,
             dtypes=(torch.bfloat16, torch.float16, torch.float32),
             kv_cache_dtypes=("auto", *R.fp8.KV_CACHE_DTYPES),
-            head_sizes=(16, 32, 64, 128),
-            block_sizes=(16, 32),
+            head_sizes=(16, 32, 64, 80, 128),
+            block_sizes=(16, 32, 48),
             scale_types=("tensor", "head"),
+            num_layers=(1, 3),
         )
 
     @property
@@ -51,12 +52,12 @@ class ReferenceBackend(Backend):
     def split(self, cache, spec):
         views = []
         for kv in (0, 1):
-            shape, strides, offset = spec.layout.side_view(spec.geometry, kv)
+            shape, strides, offset = spec.layout.side_view(spec.geometry, kv, layer=spec.layer)
             views.append(cache.as_strided(shape, strides, cache.storage_offset() + offset))
         return views[0], views[1]
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
-        R.reshape_and_cache(key, value, flat_storage(cache, spec), spec.layout, spec.geometry, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+        R.reshape_and_cache(key, value, flat_storage(cache, spec), spec.layout, spec.geometry, slot_mapping, k_scale=k_scale, v_scale=v_scale, layer=spec.layer)
 
     def swap_out(self, cache, host_cache, src_ids, dst_ids, spec):
         R.swap_out_blocks_to_host(flat_storage(cache, spec), flat_storage(host_cache, spec), spec.layout, spec.geometry, src_ids, dst_ids)
@@ -70,7 +71,7 @@ class ReferenceBackend(Backend):
     def decode(self, cache, query, block_table, seq_lens, spec, *, scale, k_scale, v_scale):
         return R.paged_decode_attention(
             query, flat_storage(cache, spec), spec.layout, spec.geometry, block_table, seq_lens,
-            scale=scale, k_scale=k_scale, v_scale=v_scale,
+            scale=scale, k_scale=k_scale, v_scale=v_scale, layer=spec.layer,
         )
 
     def selection_order(self, *, use_kv_connector):

@@ -48,7 +48,8 @@ def compile_all() -> list[tuple[str, str, str]]:
             jobs = [(f"write-{form_name}-{'fp8' if quant else 'bitcopy'}", K.reshape_and_cache_kernel, WRITE_ARGS,
                      [source, source, cache, cache, "*i64", "*fp32", "*fp32"] + ["i64"] * 11,
                      dict(BLOCK_SIZE=16, NUM_HEADS=8, HEAD_SIZE=128, BLOCK_H=8, BLOCK_D=128, TOKENS=4, FORM=form, X=16 if quant else 8, QUANT=quant,
-                          PER_HEAD_SCALE=True, PACKED=packed, OUT=fp8, MAN_BITS=3, MIN_NORMAL=2.0**-6, SUB_ULP=2.0**-9, MAX=448.0))]
+                          PER_HEAD_SCALE=True, PACKED=packed, OUT=fp8, MAN_BITS=3, MIN_NORMAL=2.0**-6, SUB_ULP=2.0**-9, MAX=448.0,
+                          NAN_CODE=0x7F, SIGNED_NAN=True))]
             if quant and not packed:
                 jobs.append((f"decode-{form_name}-fp8", K.paged_decode_kernel, DECODE_ARGS,
                              ["*bf16", "*bf16", f"*{fp8_ptr}", f"*{fp8_ptr}", "*i64", "*i64", "*fp32", "*fp32"] + ["i64"] * 11 + ["fp32"],

@@ -18,11 +18,12 @@ import triton.language as tl
 # K/V address forms inside a block (LAYOUT_SPEC §A.2, §A.4, §A.5).
 STRIDED, X_TILES, LEGACY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
-# torch fp8 dtype -> (Triton dtype, mantissa bits, smallest normal, subnormal spacing, max finite)
+# torch fp8 dtype -> (Triton dtype, mantissa bits, smallest normal, subnormal spacing, max finite,
+#                    NaN code, whether the NaN code carries the input's sign)
 FP8 = {
-    torch.float8_e4m3fn: (tl.float8e4nv, 3, 2.0**-6, 2.0**-9, 448.0),
-    torch.float8_e4m3fnuz: (tl.float8e4b8, 3, 2.0**-7, 2.0**-10, 240.0),
-    torch.float8_e5m2: (tl.float8e5, 2, 2.0**-14, 2.0**-16, 57344.0),
+    torch.float8_e4m3fn: (tl.float8e4nv, 3, 2.0**-6, 2.0**-9, 448.0, 0x7F, True),
+    torch.float8_e4m3fnuz: (tl.float8e4b8, 3, 2.0**-7, 2.0**-10, 240.0, 0x80, False),
+    torch.float8_e5m2: (tl.float8e5, 2, 2.0**-14, 2.0**-16, 57344.0, 0x7F, True),
 }
 
 
@@ -43,10 +44,18 @@ def _round_to_fp8_grid(x, MAN_BITS: tl.constexpr, MIN_NORMAL: tl.constexpr, SUB_
 
 
 @triton.jit
-def _encode(x, scale, QUANT: tl.constexpr, OUT: tl.constexpr, MAN_BITS: tl.constexpr, MIN_NORMAL: tl.constexpr, SUB_ULP: tl.constexpr, MAX: tl.constexpr):
+def _encode(x, scale, QUANT: tl.constexpr, OUT: tl.constexpr, MAN_BITS: tl.constexpr, MIN_NORMAL: tl.constexpr, SUB_ULP: tl.constexpr, MAX: tl.constexpr,
+            NAN_CODE: tl.constexpr, SIGNED_NAN: tl.constexpr):
     if QUANT:
         # div_rn: IEEE division, as the CUDA writers and the reference (fast division is 2 ulp off).
-        y = _round_to_fp8_grid(tl.math.div_rn(x.to(tl.float32), scale), MAN_BITS, MIN_NORMAL, SUB_ULP, MAX).to(OUT)
+        scaled = tl.math.div_rn(x.to(tl.float32), scale)
+        y = _round_to_fp8_grid(scaled, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX).to(OUT)
+        # NaN is stored as its code's bits: the interpreter's fp8 cast has no NaN (it yields a finite code or inf).
+        if SIGNED_NAN:
+            bits = NAN_CODE | (((scaled.to(tl.int32, bitcast=True) >> 31) & 1) << 7)
+        else:
+            bits = tl.full(scaled.shape, NAN_CODE, tl.int32)
+        y = tl.where(scaled != scaled, bits.to(tl.uint8).to(OUT, bitcast=True), y)
     else:
         y = x  # bit copy (both pointers are integer views)
     return y
@@ -94,6 +103,7 @@ def reshape_and_cache_kernel(
     BLOCK_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     TOKENS: tl.constexpr, FORM: tl.constexpr, X: tl.constexpr, QUANT: tl.constexpr, PER_HEAD_SCALE: tl.constexpr,
     PACKED: tl.constexpr, OUT: tl.constexpr, MAN_BITS: tl.constexpr, MIN_NORMAL: tl.constexpr, SUB_ULP: tl.constexpr, MAX: tl.constexpr,
+    NAN_CODE: tl.constexpr, SIGNED_NAN: tl.constexpr,
 ):
     """One program per TOKENS tokens, all heads: a [TOKENS, H, D] tile of K and of V (§B.3, §B.5).
 
@@ -127,8 +137,8 @@ def reshape_and_cache_kernel(
     rows_ok = in_row & (t < num_tokens)
     k = tl.load(key_ptr + t * key_stride_t + k_src, mask=rows_ok)
     v = tl.load(value_ptr + t * value_stride_t + v_src, mask=rows_ok)
-    k = _encode(k, k_scale, QUANT, OUT, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX)
-    v = _encode(v, v_scale, QUANT, OUT, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX)
+    k = _encode(k, k_scale, QUANT, OUT, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX, NAN_CODE, SIGNED_NAN)
+    v = _encode(v, v_scale, QUANT, OUT, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX, NAN_CODE, SIGNED_NAN)
     k_row = _row_offset(b, n, k_block_stride, k_slot_stride, 0, FORM, HEAD_SIZE, X)
     v_row = _row_offset(b, n, v_block_stride, v_slot_stride, 1, FORM, HEAD_SIZE, X)
     tl.store(k_cache_ptr + k_row + k_inner, k, mask=mask)
@@ -241,8 +251,8 @@ def _int_view(t: torch.Tensor) -> torch.Tensor:
 
 
 def _fp8_args(cache_dtype: torch.dtype) -> dict:
-    out, man, min_normal, sub_ulp, top = FP8.get(cache_dtype, (tl.int8, 3, 1.0, 1.0, 1.0))
-    return dict(OUT=out, MAN_BITS=man, MIN_NORMAL=min_normal, SUB_ULP=sub_ulp, MAX=top)
+    out, man, min_normal, sub_ulp, top, nan, signed_nan = FP8.get(cache_dtype, (tl.int8, 3, 1.0, 1.0, 1.0, 0, False))
+    return dict(OUT=out, MAN_BITS=man, MIN_NORMAL=min_normal, SUB_ULP=sub_ulp, MAX=top, NAN_CODE=nan, SIGNED_NAN=signed_nan)
 
 
 def _cache_strides(cache: torch.Tensor, form: int) -> tuple[int, int, int]:

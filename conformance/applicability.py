@@ -12,6 +12,7 @@ show full coverage can tell them apart. An unmet need is never a pass.
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import os
 
 import torch
@@ -138,18 +139,27 @@ def available_ram() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def _huge_flag(ctx, _):
-    if ctx.device.startswith("cuda") or ctx.huge:
-        return None
-    return "did not ask for --kvc-huge (a cache past 2^31 elements runs on CPU only with it)"
-
-
-def _memory_2_31(ctx, _):  # a cache past 2^31 elements and its reference copy
+def _memory_2_31(ctx, _):  # the probes of big_caches.py: a cache past 2^31 elements and its expected twin
     if ctx.device.startswith("cuda"):
         free = torch.cuda.mem_get_info()[0]
         return None if free >= 12 << 30 else f"has {free >> 30} GiB free on the GPU; a cache past 2^31 elements needs >= 12 GiB"
     free = available_ram()
-    return None if free >= 10 << 30 else f"has {free >> 30} GiB of RAM available; --kvc-huge needs >= 10 GiB"
+    if ctx.huge:
+        return None if free >= 10 << 30 else f"has {free >> 30} GiB of RAM available; --kvc-huge needs >= 10 GiB"
+    # Lazily mapped arenas cost only the pages touched; the mapping itself needs address space.
+    try:
+        mmap.mmap(-1, 3 << 31).close()
+    except OSError as exc:
+        return f"cannot map 6 GiB of address space for a lazily mapped cache past 2^31 elements ({exc})"
+    return None if free >= 1 << 30 else f"has {free >> 20} MiB of RAM available; a lazily mapped cache past 2^31 elements needs >= 1 GiB"
+
+
+def _multi_layer(ctx, _):
+    if "L" not in ctx.layout.k_dims:
+        return f"declares layout {ctx.layout.alias}, which has no layer dimension"
+    if max(ctx.backend.capabilities.num_layers) < 3:
+        return f"declares num_layers={ctx.backend.capabilities.num_layers} (a multi-layer case needs 3)"
+    return None
 
 
 # need -> (kind, who, check(ctx, argument) -> what is missing, or None). Evaluated in this order.
@@ -160,16 +170,15 @@ NEEDS = {
     "fp8": (DECLARATION, _backend, _fp8),
     "single_kv_head": (DECLARATION, _backend, _single_kv_head),
     "selector": (DECLARATION, _backend, _selector),
+    "multi_layer": (DECLARATION, _backend, _multi_layer),
     "run_standard": (RUN, lambda ctx: "this run", _run_standard),
     "standard_e1": (RUN, lambda ctx: "this run", lambda ctx, _: _standard_specific(ctx, "e1")),
     "standard_e3": (RUN, lambda ctx: "this run", lambda ctx, _: _standard_specific(ctx, "e3")),
     "compare_digests": (RUN, lambda ctx: "this run", _compare_digests),
-    "huge_flag": (RUN, lambda ctx: "this run", _huge_flag),
     "gpu": (MACHINE, lambda ctx: "this machine", _gpu),
     "memory_2_31": (MACHINE, lambda ctx: "this machine", _memory_2_31),
 }
-FEATURES = ("fp8", "single_kv_head", "selector", "standard_e1", "standard_e3", "compare_digests", "gpu", "memory_2_31")
-_IMPLIED = {"memory_2_31": ("huge_flag", "memory_2_31")}  # a feature that is several needs
+FEATURES = ("fp8", "single_kv_head", "selector", "standard_e1", "standard_e3", "compare_digests", "gpu", "memory_2_31", "multi_layer")
 
 
 def needs_of(markers: dict, golden_case=None) -> list[tuple[str, object]]:
@@ -184,7 +193,7 @@ def needs_of(markers: dict, golden_case=None) -> list[tuple[str, object]]:
     for feature in markers.get("kvc_needs", ()):
         if feature not in FEATURES:
             raise ValueError(f"kvc_needs: unknown feature {feature!r}; expected one of {FEATURES}")
-        wanted += [(need, None) for need in _IMPLIED.get(feature, (feature,))]
+        wanted.append((feature, None))
     order = list(NEEDS)
     return sorted(wanted, key=lambda pair: order.index(pair[0]))
 

@@ -15,6 +15,8 @@ import torch
 from kvconform import reference as R
 from kvconform.backends_under_test.contract import Backend, CacheSpec
 
+from .exercised import note_cache
+
 GUARD = 256  # bytes before and after every cache; a multiple of every element size
 FP8_KV_CACHE_DTYPES = R.fp8.KV_CACHE_DTYPES
 HUGE_BYTES = 1 << 30  # arenas past this are filled on the device, not copied from the host
@@ -54,20 +56,44 @@ class Case:
     test_id: str  # conformance/<file>::<name>, the same however the suite was started
     repro: str  # a shell line that re-runs this one test with this run's options
     record: callable  # record(key, value) into the test's results
+    exercised: list = dataclasses.field(default_factory=list)  # what the test ran (exercised.py)
+    huge: bool = False  # --kvc-huge: caches past 2^31 elements fully allocated and random-filled
 
     def __repr__(self) -> str:  # stable across runs: reports must not differ by object addresses
         return f"Case(backend={self.backend.name!r}, layout={str(self.layout)!r}, device={self.device!r}, seed={self.seed})"
 
-    def spec(self, g: R.Geometry, kv_cache_dtype: str = "auto", model_dtype=torch.bfloat16, layout=None) -> CacheSpec:
-        spec = CacheSpec(layout=layout or self.layout, geometry=g, kv_cache_dtype=kv_cache_dtype, model_dtype=model_dtype)
+    def spec(self, g: R.Geometry, kv_cache_dtype: str | None = None, model_dtype=None, layout=None, layer: int = 0) -> CacheSpec:
+        """The spec of one case (one more entry in the record's ``exercised``).
+
+        Dtypes not given follow ``g.dtype``: an fp8 storage dtype means the first declared fp8
+        ``kv_cache_dtype`` that stores it (model dtype: the first declared), any other ``auto``.
+        """
+        caps = self.backend.capabilities
+        if kv_cache_dtype is None:
+            fp8 = [k for k in caps.kv_cache_dtypes if k in FP8_KV_CACHE_DTYPES and self.backend.cache_dtype(k, caps.dtypes[0]) == g.dtype]
+            kv_cache_dtype = fp8[0] if g.dtype in R.fp8.FP8_DTYPES and fp8 else "auto"
+        if model_dtype is None:
+            model_dtype = g.dtype if kv_cache_dtype == "auto" else caps.dtypes[0]
+        spec = CacheSpec(layout=layout or self.layout, geometry=g, kv_cache_dtype=kv_cache_dtype, model_dtype=model_dtype, layer=layer)
         self.record("layout", str(spec.layout))
         self.record("geometry", g.short())
         self.record("kv_cache_dtype", kv_cache_dtype)
+        self.record("model_dtype", str(model_dtype))
+        note_cache(self, spec)
         return spec
 
-    def geometry(self, *, kv_cache_dtype="auto", model_dtype=torch.bfloat16, num_blocks=6, block_size=None, num_kv_heads=None, head_size=None, num_layers=1) -> R.Geometry:
-        """A small geometry inside the backend's capabilities, N, H, D pairwise distinct when possible."""
+    def spec_for(self, cache_dtype, **geometry) -> CacheSpec:
+        """The spec of a case of one declared cache dtype (a ``cache_dtype`` sweep value)."""
+        g = self.geometry(kv_cache_dtype=cache_dtype.kv_cache_dtype, model_dtype=cache_dtype.model_dtype, **geometry)
+        return self.spec(g, cache_dtype.kv_cache_dtype, cache_dtype.model_dtype)
+
+    def geometry(self, *, kv_cache_dtype=None, model_dtype=None, num_blocks=6, block_size=None, num_kv_heads=None, head_size=None, num_layers=1) -> R.Geometry:
+        """A small geometry inside the backend's capabilities, N, H, D pairwise distinct when
+        possible; dtypes default to declared ones (``auto``, else the first kv_cache_dtype; the
+        first model dtype)."""
         caps = self.backend.capabilities
+        kv_cache_dtype = kv_cache_dtype or ("auto" if "auto" in caps.kv_cache_dtypes else caps.kv_cache_dtypes[0])
+        model_dtype = model_dtype or caps.dtypes[0]
         block_size = block_size or caps.block_sizes[0]
         head_size = head_size or next((d for d in caps.head_sizes if d != block_size), caps.head_sizes[0])
         heads = [h for h in caps.num_kv_heads if h not in (block_size, head_size)] or list(caps.num_kv_heads)
@@ -110,18 +136,25 @@ def token_rows(spec: CacheSpec, rows: int, seed: int, *, contiguous: bool = Fals
 
 
 def fp8_edge_rows(spec: CacheSpec, rows: int, seed: int, k_scale: float, v_scale: float):
-    """Rows full of fp8 edge values: −0.0, values past the format max, exact ties, tiny negatives."""
+    """Rows of fp8 edge values ``y`` (the scaled value ``x / scale`` the encoder rounds), every
+    class in every side: ±0, a tiny negative (rounds to −0), ±NaN, ±max, beyond max (1.5·max,
+    −8·max, ±inf), exact ties between adjacent codes (subnormal, normal, near max); the rest
+    seeded picks of those and of the format's grid. ``x = y · scale`` is exact in the model
+    dtype for ties and the grid when ``scale`` is a power of two."""
     fmt = R.fp8.fp8_format(spec.geometry.dtype)
     codes = torch.arange(256, dtype=torch.uint8)
     grid = torch.sort(R.fp8.decode_codes(codes, fmt)).values
     grid = grid[torch.isfinite(grid)]
     ties = (grid[1:] + grid[:-1]) / 2
-    specials = torch.tensor([-0.0, 0.0, fmt.max_finite * 1.5, -fmt.max_finite * 8, -1e-9, fmt.max_finite, -fmt.max_finite])
+    positive_ties = ties[ties > 0]
+    top, inf, nan = fmt.max_finite, float("inf"), float("nan")
+    specials = torch.tensor([-0.0, 0.0, -1e-9, nan, -nan, top, -top, top * 1.5, -top * 8, inf, -inf,
+                             positive_ties[0], positive_ties[positive_ties.numel() // 2], -positive_ties[-1]])
     pool = torch.cat([specials, ties, grid])
     gen = torch.Generator().manual_seed(seed)
     g = spec.geometry
-    picks = torch.randint(0, pool.numel(), (2, rows, g.num_kv_heads, g.head_size), generator=gen)
-    values = pool[picks]
+    values = pool[torch.randint(0, pool.numel(), (2, rows, g.num_kv_heads, g.head_size), generator=gen)]
+    values.view(2, -1)[:, : specials.numel()] = specials
     key = (values[0] * k_scale).to(spec.model_dtype)
     value = (values[1] * v_scale).to(spec.model_dtype)
     return key, value

@@ -6,20 +6,32 @@ import torch
 
 from kvconform import reference as R
 
+from .exercised import note_write
 from .harness import Arena, Case
 
 
 def run_write(case: Case, arena: Arena, key, value, slot_mapping, k_scale, v_scale, *, on_device: bool = False) -> Arena:
     """Backend ``write`` into ``arena``; returns the reference's expected arena."""
-    spec = arena.spec
     expected = arena.snapshot(on_device)
-    R.reshape_and_cache(key.cpu(), value.cpu(), expected.region, spec.layout, spec.geometry, slot_mapping.cpu(), k_scale=k_scale, v_scale=v_scale)
+    reference_write(case, expected, key, value, slot_mapping, k_scale, v_scale)
+    backend_write(case, arena, key, value, slot_mapping, k_scale, v_scale)
+    return expected
+
+
+def backend_write(case: Case, arena: Arena, key, value, slot_mapping, k_scale, v_scale) -> None:
     dev = case.device
     case.backend.write(
-        arena.cache, key.to(dev), value.to(dev), slot_mapping.to(dev), spec,
+        arena.cache, key.to(dev), value.to(dev), slot_mapping.to(dev), arena.spec,
         k_scale=k_scale.to(dev, torch.float32), v_scale=v_scale.to(dev, torch.float32),
     )
-    return expected
+
+
+def reference_write(case: Case, expected: Arena, key, value, slot_mapping, k_scale, v_scale) -> None:
+    """The reference's write into ``expected`` (on its layer), noted as what the case exercised."""
+    spec = expected.spec
+    R.reshape_and_cache(key.cpu(), value.cpu(), expected.region, spec.layout, spec.geometry, slot_mapping.cpu(),
+                        k_scale=k_scale, v_scale=v_scale, layer=spec.layer)
+    note_write(case, spec, key, value, slot_mapping, k_scale, v_scale)
 
 
 def write_and_compare(case: Case, prop: str, spec, key, value, slot_mapping, k_scale, v_scale, note: str = "") -> None:

@@ -26,7 +26,8 @@ OPTIONS = (
     ("standard", True, dict(choices=STANDARDS, default="e1", help="layout standard the shape/split checks hold backends to")),
     ("json", False, dict(default=DEFAULT_JSON, metavar="PATH", help="where to write per-test JSON results")),
     ("html", False, dict(default=None, metavar="PATH", help="where to write the HTML report (default: next to --kvc-json)")),
-    ("huge", False, dict(action="store_true", help="also run the >2^31-element cache check on CPU (needs ~10 GiB RAM)")),
+    ("huge", False, dict(action="store_true", help="allocate the >2^31-element probe caches in full on CPU and compare them whole "
+                                                  "(needs ~10 GiB RAM; by default they are lazily mapped and only touched pages compared)")),
     ("timeout", False, dict(type=float, default=None, metavar="S",
                             help="seconds per test; a test past it ends its process (use with xdist -n, or `kvconform run`) and is reported timeout")),
     ("export-digests", True, dict(default=None, metavar="FILE", help="write this run's equivalence digests (for --compare-digests on another machine)")),

@@ -32,7 +32,7 @@ FAMILIES = ("shape", "split", "write", "shuffle", "swap", "copy", "read", "gatin
 MARKERS = (
     "kvc_op(name): needs the backend to declare op NAME",
     "kvc_layouts(kind): which declared layouts to run on: all | tiled | standard | connector | none",
-    "kvc_needs(feature): needs fp8 | single_kv_head | standard_e1 | standard_e3 | selector | gpu | memory_2_31 | compare_digests",
+    "kvc_needs(feature): needs fp8 | single_kv_head | standard_e1 | standard_e3 | selector | gpu | memory_2_31 | compare_digests | multi_layer",
     "kvc_clause(*ids): the spec clauses (docs/SPEC.md ids) this check verifies",
 )
 RUN = pytest.StashKey["SuiteRun"]()
@@ -119,6 +119,8 @@ class SuiteRun:
         return run
 
     def backend_facts(self) -> dict:
+        from .sweeps import declared
+
         facts = {}
         for name, loaded in self.backends.items():
             b = loaded.backend
@@ -126,7 +128,8 @@ class SuiteRun:
                 facts[name] = {"unavailable": loaded.unavailable} if loaded.unavailable else {"error": loaded.error}
                 continue
             fp8 = str(b.cache_dtype("fp8", _bf16())) if "fp8" in b.capabilities.kv_cache_dtypes else None
-            facts[name] = {"platform": b.platform, "arch": b.arch(), "fp8": fp8, "standards": sorted(b.capabilities.standards), **b.versions()}
+            facts[name] = {"platform": b.platform, "arch": b.arch(), "fp8": fp8, "standards": sorted(b.capabilities.standards), **b.versions(),
+                           "declared": declared(b)}
             catches = getattr(b, "catches", None)
             if catches:  # a seeded-fault backend: which families must catch it (the kill-rate table)
                 facts[name]["mutant"] = {"catches": list(catches), "doc": " ".join((type(b).__doc__ or "").split())}
@@ -227,6 +230,7 @@ def pytest_generate_tests(metafunc):
     if run is None or "case" not in metafunc.fixturenames:
         return
     from .applicability import layouts_for, unavailable_backend
+    from .sweeps import expand
 
     marker = metafunc.definition.get_closest_marker("kvc_layouts")
     kind = marker.args[0] if marker else "all"
@@ -242,7 +246,8 @@ def pytest_generate_tests(metafunc):
                 ids.append(loaded.name)
             else:
                 ids.append(f"{loaded.name}-{layout.era}:{layout.alias}" if getattr(layout, "era", None) else f"{loaded.name}-n/a")
-    metafunc.parametrize("case_param", params, ids=ids, indirect=True)
+    argnames, params, ids = expand(metafunc.fixturenames, params, ids)
+    metafunc.parametrize(argnames, params, ids=ids, indirect=["case_param"])
 
 
 # ----------------------------------------------------------------------------- 3. applicability
@@ -264,6 +269,7 @@ def pytest_collection_modifyitems(config, items):
 
     from .applicability import Context, NotApplicable, needs_of, not_applicable
     from .command import repro_line
+    from .sweeps import not_applicable_param
 
     for item in items:
         callspec = getattr(item, "callspec", None)
@@ -278,6 +284,7 @@ def pytest_collection_modifyitems(config, items):
             ("platform", backend.platform if backend else "unknown"), ("arch", backend.arch() if backend else ""),
             ("layout", str(layout) if getattr(layout, "era", None) else None),
             ("repro", repro_line(test_id, loaded.name, run.options.cli_args())),
+            ("clauses", [c for m in item.iter_markers("kvc_clause") for c in m.args]),
         ]
         if isinstance(layout, NotApplicable):
             reason = layout
@@ -286,7 +293,7 @@ def pytest_collection_modifyitems(config, items):
         else:
             ctx = Context(backend=backend, layout=layout, standard=run.options.standard, device=run.options.device,
                           huge=run.options.huge, compare_digests=run.compare is not None)
-            reason = not_applicable(ctx, needs_of(_markers(item), callspec.params.get("golden_case")))
+            reason = not_applicable(ctx, needs_of(_markers(item), callspec.params.get("golden_case"))) or not_applicable_param(callspec.params)
         if reason:
             item.user_properties.append(("not_applicable", reason.as_record()))
             item.add_marker(pytest.mark.skip(reason=f"not applicable: {reason}"))
@@ -322,7 +329,7 @@ def case(request, case_param):
         request.node.user_properties.append((key, value))
 
     return Case(backend=loaded.backend, layout=layout, device=run.options.device, seed=run.options.seed,
-                standard=run.options.standard, test_id=props["test_id"], repro=props["repro"], record=record)
+                standard=run.options.standard, test_id=props["test_id"], repro=props["repro"], record=record, huge=run.options.huge)
 
 
 @pytest.fixture

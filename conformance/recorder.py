@@ -19,7 +19,8 @@ import time
 from kvconform.reports import expectations
 from kvconform.reports.results import FAILING, SCHEMA, package_version, write_atomically
 
-RECORD_FIELDS = ("backend", "platform", "arch", "family", "check", "layout", "geometry", "kv_cache_dtype", "model_dtype", "repro")
+RECORD_FIELDS = ("backend", "platform", "arch", "family", "check", "layout", "geometry", "kv_cache_dtype", "model_dtype", "repro",
+                 "clauses", "exercised")
 
 
 def _skip_reason(report) -> str:

@@ -1,27 +1,28 @@
 """Check 3 — ``reshape_and_cache`` writes every element where the reference offset map says,
-and nothing else changes: not other slots, blocks or the other plane, not padding, not the
-guard bytes before and after the cache (LAYOUT_SPEC §B.1–§B.4)."""
-
-import dataclasses
+and nothing else changes: not other slots, blocks, layers or the other plane, not padding, not
+the guard bytes before and after the cache (SPEC §4 WRITE-*, §5 FP8-*, §9 ADDR-*)."""
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from .assertions import assert_bytes_equal
-from .harness import FP8_KV_CACHE_DTYPES, fp8_edge_rows, token_rows
 from . import ops
-from .ops import run_write, synchronize
-from .strategies import specs, write_cases
+from .big_caches import assert_arenas_equal, expected_arena, probe_arena, probe_geometry
+from .harness import fp8_edge_rows, token_rows
+from .ops import backend_write, reference_write, synchronize
+from .strategies import write_cases
 
 pytestmark = [pytest.mark.write, pytest.mark.kvc_op("write")]
+LAYOUTS = ("LAYOUT-OFFSET", "LAYOUT-E1", "LAYOUT-E0", "LAYOUT-LEGACY", "LAYOUT-SHUFFLE", "LAYOUT-SHUFFLE-X", "LAYOUT-SHUFFLE-BASE", "LAYOUT-E3")
+NEAR = 2.0**-20  # near-ties: a scale off a power of two by this much moves exact ties of x to tie·(1 ± 2^-20)
 
 
 def write_and_compare(case, spec, key, value, slots, k_scale, v_scale, note=""):
     ops.write_and_compare(case, "write", spec, key, value, slots, k_scale, v_scale, note)
 
 
+@pytest.mark.kvc_clause("WRITE-SLOT", "WRITE-ONLY-TARGET", "WRITE-PAD-1", "WRITE-TOKENS", "WRITE-SLOT-DTYPE", "FP8-ENCODE", "FP8-SCALE", *LAYOUTS)
 @given(data=st.data())
 def test_written_elements_land_at_reference_offsets_and_nothing_else_changes(case, data):
     w = data.draw(write_cases(case))
@@ -29,6 +30,26 @@ def test_written_elements_land_at_reference_offsets_and_nothing_else_changes(cas
     write_and_compare(case, w.spec, key, value, w.slot_mapping, w.k_scale, w.v_scale)
 
 
+@pytest.mark.kvc_clause("WRITE-SLOT", "WRITE-ONLY-TARGET", "FP8-FORMAT", "FP8-ENCODE", *LAYOUTS)
+def test_each_declared_cache_dtype_is_written_at_reference_offsets(case, cache_dtype):
+    spec = case.spec_for(cache_dtype, num_blocks=5)
+    N = spec.geometry.block_size
+    slots = torch.tensor([2 * N, 3 * N - 1, 4 * N + 1, -1, 5 * N - 2])
+    key, value = token_rows(spec, len(slots), case.seed)
+    write_and_compare(case, spec, key, value, slots, torch.tensor([0.5]), torch.tensor([2.0]), cache_dtype.label)
+
+
+@pytest.mark.kvc_clause("WRITE-SLOT", "WRITE-ONLY-TARGET", "WRITE-LAYER", *LAYOUTS)
+def test_each_declared_size_class_is_written_at_reference_offsets(case, size_class):
+    g = case.geometry(num_blocks=5, **size_class.kwargs())
+    spec = case.spec(g, layer=g.num_layers - 1)  # the last layer of a multi-layer cache
+    N = g.block_size
+    slots = torch.tensor([2 * N, 3 * N - 1, 3 * N + N // 2, -1, 5 * N - 1])
+    key, value = token_rows(spec, len(slots), case.seed)
+    write_and_compare(case, spec, key, value, slots, torch.ones(1), torch.ones(1), f"{size_class.name}: {g.short()}, layer {spec.layer}")
+
+
+@pytest.mark.kvc_clause("WRITE-PAD-1", "WRITE-ONLY-TARGET")
 def test_padding_slots_leave_cache_untouched(case):
     spec = case.spec(case.geometry())
     key, value = token_rows(spec, 4, case.seed)
@@ -36,6 +57,7 @@ def test_padding_slots_leave_cache_untouched(case):
     write_and_compare(case, spec, key, value, slots, torch.ones(1), torch.ones(1), "all slots are -1")
 
 
+@pytest.mark.kvc_clause("WRITE-TOKENS")
 def test_key_rows_beyond_slot_mapping_are_ignored(case):
     spec = case.spec(case.geometry())
     key, value = token_rows(spec, 9, case.seed)
@@ -43,6 +65,7 @@ def test_key_rows_beyond_slot_mapping_are_ignored(case):
     write_and_compare(case, spec, key, value, slots, torch.ones(1), torch.ones(1), "9 key rows, 3 slots")
 
 
+@pytest.mark.kvc_clause("WRITE-SOURCE-STRIDE")
 @pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous-rows", "qkv-rows"])
 def test_key_value_rows_are_read_through_their_row_stride(case, contiguous):
     spec = case.spec(case.geometry())
@@ -51,6 +74,7 @@ def test_key_value_rows_are_read_through_their_row_stride(case, contiguous):
     write_and_compare(case, spec, key, value, slots, torch.ones(1), torch.ones(1))
 
 
+@pytest.mark.kvc_clause("WRITE-SINGLE-HEAD")
 @pytest.mark.kvc_needs("single_kv_head")
 def test_single_kv_head_with_degenerate_head_stride_is_written(case):
     spec = case.spec(case.geometry(num_kv_heads=1))
@@ -61,6 +85,7 @@ def test_single_kv_head_with_degenerate_head_stride_is_written(case):
     write_and_compare(case, spec, key, value, slots, torch.ones(1), torch.ones(1), "H=1, head stride 1")
 
 
+@pytest.mark.kvc_clause("WRITE-SLOT-DTYPE")
 @pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
 def test_int32_and_int64_slot_mappings_write_the_same_bytes(case, slot_dtype):
     spec = case.spec(case.geometry())
@@ -69,28 +94,30 @@ def test_int32_and_int64_slot_mappings_write_the_same_bytes(case, slot_dtype):
     write_and_compare(case, spec, key, value, slots, torch.ones(1), torch.ones(1), f"slot_mapping {slot_dtype}")
 
 
-@pytest.mark.kvc_needs("fp8")
-@given(data=st.data())
-def test_fp8_codes_equal_the_reference_encoder_for_edge_values(case, data):
-    spec = data.draw(specs(case, FP8_KV_CACHE_DTYPES))
-    k_scale, v_scale = torch.tensor([0.5]), torch.tensor([4.0])  # powers of two: ties survive x / scale
-    key, value = fp8_edge_rows(spec, 8, case.seed, float(k_scale), float(v_scale))
+@pytest.mark.kvc_clause("FP8-ENCODE", "FP8-SATURATE", "FP8-NEG-ZERO", "FP8-NAN", "FP8-SCALE", "FP8-FORMAT")
+@pytest.mark.parametrize("ties", ["exact-ties", "near-ties"])
+def test_fp8_codes_equal_the_reference_encoder_for_edge_values(case, fp8_cache_dtype, ties):
+    spec = case.spec_for(fp8_cache_dtype)
+    # Powers of two keep x / scale exact, so exact ties stay ties; scales off by 2^-20 turn them into near-ties.
+    k_scale, v_scale = (0.5, 4.0) if ties == "exact-ties" else (0.5 * (1 - NEAR), 4.0 * (1 + NEAR))
+    key, value = fp8_edge_rows(spec, 8, case.seed, 0.5, 4.0)
     slots = torch.arange(8) * 2 + spec.geometry.block_size * 2
-    write_and_compare(case, spec, key, value, slots, k_scale, v_scale, "fp8 −0, ±max, beyond max, ties")
+    write_and_compare(case, spec, key, value, slots, torch.tensor([k_scale]), torch.tensor([v_scale]),
+                      f"fp8 ±0, −0 rounding, NaN, ±max, beyond max, {ties}")
 
 
+@pytest.mark.kvc_clause("ADDR-64BIT", "ADDR-BLOCK-ID", "WRITE-ONLY-TARGET")
 @pytest.mark.kvc_needs("memory_2_31")
 def test_last_block_of_a_cache_past_2_31_elements_is_written(case):
-    caps = case.backend.capabilities
-    kv_dtype = next((d for d in FP8_KV_CACHE_DTYPES if d in caps.kv_cache_dtypes), "auto")  # 1-byte elements: half the memory
-    probe = case.geometry(kv_cache_dtype=kv_dtype, num_blocks=1, head_size=max(caps.head_sizes), num_kv_heads=max(caps.num_kv_heads))
-    per_block = 2 * probe.block_size * probe.num_kv_heads * probe.head_size
-    g = dataclasses.replace(probe, num_blocks=(1 << 31) // per_block + 2)  # offsets of the last block exceed int32
-    spec = case.spec(g, kv_dtype, caps.dtypes[0])
-    last = g.num_blocks - 1
-    slots = torch.tensor([last * g.block_size + g.block_size - 1, last * g.block_size, g.block_size + 3, -1])
+    g, kv_cache_dtype = probe_geometry(case)
+    spec = case.spec(g, kv_cache_dtype)
+    last, N = g.num_blocks - 1, g.block_size
+    slots = torch.tensor([last * N + N - 1, last * N, N + 3, -1])
     key, value = token_rows(spec, 4, case.seed)
-    arena = case.allocate(spec)
-    expected = run_write(case, arena, key, value, slots, torch.tensor([0.5]), torch.tensor([0.5]), on_device=True)
+    arena = probe_arena(case, spec)
+    expected = expected_arena(arena)
+    reference_write(case, expected, key, value, slots, torch.tensor([0.5]), torch.tensor([0.5]))
+    backend_write(case, arena, key, value, slots, torch.tensor([0.5]), torch.tensor([0.5]))
     synchronize(case)
-    assert_bytes_equal("write", case, expected, arena, f"{g.num_blocks} blocks, last block at element {last * per_block} > 2^31")
+    first_element = int(spec.layout.offsets(g, block=last))
+    assert_arenas_equal("write", case, expected, arena, f"{g.num_blocks} blocks, last block at element {first_element} > 2^31")

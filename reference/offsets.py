@@ -56,6 +56,13 @@ def coordinates_of(layout: Layout, g: Geometry, element_offsets, chunk_elements:
     step = max(1, chunk_elements // per_block)
     for first in range(0, g.num_blocks, step):
         blocks = torch.arange(first, min(first + step, g.num_blocks))
+        # Offsets grow with every index: a chunk spans [its first element, its last], so
+        # chunks far from every wanted offset are skipped without building their map.
+        low = layout.offsets(g, block=first, kv=torch.arange(2)).min()
+        high = layout.offsets(g, layer=g.num_layers - 1, block=int(blocks[-1]), kv=torch.arange(2), slot=g.block_size - 1,
+                              head=g.num_kv_heads - 1, dim=g.head_size - 1).max()
+        if not bool(((wanted >= low) & (wanted <= high)).any()):
+            continue
         omap = offset_map(layout, g, blocks)
         flat = omap.flatten()
         order = torch.argsort(flat)

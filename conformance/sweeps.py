@@ -1,0 +1,149 @@
+"""Sweeps over what a backend declares, generated at collection.
+
+A check that takes ``cache_dtype`` runs once per cache dtype the backend declares (``auto``
+with each model dtype, each fp8 ``kv_cache_dtype``); ``fp8_cache_dtype`` once per declared fp8
+one; ``size_class`` once per size class its declared sizes reach on the layout (H = 1, H = 2,
+a head count, head size or block size that is not a power of two, three layers where the
+layout has a layer dim). Only declared values are generated; a backend that declares none gets
+one not-applicable case saying so. The same functions give the environment's ``declared``
+facts, which the coverage table is held to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from kvconform import reference as R
+from kvconform.backends_under_test.contract import Backend
+from kvconform.reports.coverage import ADDRESS_CLASSES, cache_dtype_label, is_power_of_two
+
+from .applicability import DECLARATION, NotApplicable
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheDtype:
+    """One declared cache dtype: the kv_cache_dtype string and the model dtype written into it."""
+
+    kv_cache_dtype: str
+    model_dtype: torch.dtype
+    label: str  # reports.coverage.cache_dtype_label
+
+    @property
+    def id(self) -> str:
+        return self.label.replace("/", "-")
+
+
+_SYMBOL = {"num_layers": "L", "block_size": "N", "num_kv_heads": "H", "head_size": "D"}
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeClass:
+    """One declared size class and the geometry size that puts a case in it."""
+
+    name: str  # reports.coverage size class
+    field: str  # the Case.geometry keyword
+    value: int
+
+    @property
+    def id(self) -> str:
+        return f"{_SYMBOL[self.field]}{self.value}"
+
+    def kwargs(self) -> dict:
+        return {self.field: self.value}
+
+
+def cache_dtypes(backend: Backend, layout=None, *, fp8_only: bool = False) -> list[CacheDtype]:
+    caps = backend.capabilities
+    found = []
+    for kv in caps.kv_cache_dtypes:
+        fp8 = kv in R.fp8.KV_CACHE_DTYPES
+        if fp8_only and not fp8:
+            continue
+        for model in caps.dtypes[:1] if fp8 else caps.dtypes:
+            found.append(CacheDtype(kv, model, cache_dtype_label(kv, str(backend.cache_dtype(kv, model)))))
+    return found
+
+
+def fp8_cache_dtypes(backend: Backend, layout=None) -> list[CacheDtype]:
+    return cache_dtypes(backend, layout, fp8_only=True)
+
+
+def size_classes(backend: Backend, layout) -> list[SizeClass]:
+    """Each size class this layout can hold with the backend's declared sizes (the smallest value)."""
+    caps = backend.capabilities
+    odd = lambda values: sorted(v for v in values if not is_power_of_two(v))  # noqa: E731
+    candidates = [
+        ("h=1", "num_kv_heads", [h for h in caps.num_kv_heads if h == 1]),
+        ("h=2", "num_kv_heads", [h for h in caps.num_kv_heads if h == 2]),
+        ("h!=2^k", "num_kv_heads", odd(caps.num_kv_heads)),
+        ("d!=2^k", "head_size", odd(caps.head_sizes)),
+        ("n!=2^k", "block_size", odd(caps.block_sizes)),
+        ("l>=3", "num_layers", [n for n in caps.num_layers if n >= 3] if "L" in layout.k_dims else []),
+    ]
+    found = []
+    for name, field, values in candidates:
+        value = next((v for v in values if _holds(backend, layout, **{field: v})), None)
+        if value is not None:
+            found.append(SizeClass(name, field, value))
+    return found
+
+
+def _holds(backend: Backend, layout, **override) -> bool:
+    """Can the layout hold a geometry with this one size (the rest declared, the first dtype)?"""
+    caps = backend.capabilities
+    kv = "auto" if "auto" in caps.kv_cache_dtypes else caps.kv_cache_dtypes[0]
+    g = R.Geometry(**{"num_blocks": 4, "block_size": caps.block_sizes[0], "num_kv_heads": caps.num_kv_heads[0], "head_size": caps.head_sizes[0],
+                      "dtype": backend.cache_dtype(kv, caps.dtypes[0]), **override})
+    try:
+        layout.validate(g)
+    except ValueError:
+        return False
+    return True
+
+
+def declared(backend: Backend) -> dict:
+    """The backend's declaration as results record it: capabilities, and the cache dtypes and
+    size classes the coverage table must show cases of."""
+    caps = backend.capabilities
+    sizes = {s.name for layout in caps.layouts for s in size_classes(backend, layout)}
+    return {
+        "layouts": [str(layout) for layout in caps.layouts], "ops": sorted(caps.ops), "standards": sorted(caps.standards),
+        "dtypes": [str(d) for d in caps.dtypes], "kv_cache_dtypes": list(caps.kv_cache_dtypes),
+        "head_sizes": list(caps.head_sizes), "block_sizes": list(caps.block_sizes), "num_kv_heads": list(caps.num_kv_heads),
+        "num_layers": list(caps.num_layers), "scale_types": list(caps.scale_types),
+        "cache_dtypes": [c.label for c in cache_dtypes(backend)],
+        "size_classes": [name for name in ("h=1", "h=2", "h!=2^k", "d!=2^k", "n!=2^k", "l>=3") if name in sizes] + list(ADDRESS_CLASSES),
+    }
+
+
+SWEEPS = {"cache_dtype": cache_dtypes, "fp8_cache_dtype": fp8_cache_dtypes, "size_class": size_classes}
+_NONE = {"cache_dtype": "declares no cache dtype", "fp8_cache_dtype": "declares no fp8 kv_cache_dtype",
+         "size_class": "declares no size class this layout holds (H=1, H=2, odd H/D/N sizes, L>=3)"}
+
+
+def expand(fixturenames, params: list, ids: list[str]):
+    """``(argnames, params, ids)`` for ``metafunc.parametrize``: each (backend, layout) case times
+    the values of the sweep the check asks for, if any."""
+    wanted = [name for name in SWEEPS if name in fixturenames]
+    if not wanted:
+        return "case_param", params, ids
+    if len(wanted) > 1:
+        raise ValueError(f"a check takes one sweep; it asks for {wanted}")
+    name = wanted[0]
+    out_params, out_ids = [], []
+    for (loaded, layout), base in zip(params, ids):
+        runs = loaded.backend is not None and isinstance(layout, R.Layout)
+        values = SWEEPS[name](loaded.backend, layout) if runs else [None]
+        if not values:
+            values = [NotApplicable(DECLARATION, f"backend {loaded.backend.name}", _NONE[name])]
+        for value in values:
+            out_params.append(((loaded, layout), value))
+            out_ids.append(f"{base}-{value.id}" if isinstance(value, (CacheDtype, SizeClass)) else base)
+    return ("case_param", name), out_params, out_ids
+
+
+def not_applicable_param(params: dict) -> NotApplicable | None:
+    """The reason a swept case was not generated (the backend declares no value to sweep)."""
+    return next((v for k, v in params.items() if k in SWEEPS and isinstance(v, NotApplicable)), None)
