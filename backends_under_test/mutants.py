@@ -422,7 +422,6 @@ class Int32OffsetWraparound(Mutant):
     and the last blocks of a large cache are written over its first ones (F.2)."""
 
     catches = ("write",)
-    suite_args = ("--kvc-huge", "-k", "2_31 and NHD")  # only a cache past 2^31 elements shows it
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
         g = spec.geometry
@@ -539,6 +538,216 @@ class CrossLayerPackedLayerOutermost(Mutant):
         return view_over(buffer, spec, R.standardized("LBHNC").view_shape_strides(spec.geometry))
 
 
+
+# ----------------------------------------------------------------------------- coverage (#14)
+def scaled(x: torch.Tensor, scale) -> torch.Tensor:
+    """``x / scale`` in fp32, a scale per tensor or per KV head (dim 1 of ``[T, H, D]``)."""
+    return x.float() / R.fp8._scale_like(scale, x, 1)
+
+
+class Fp8NanSaturatesToMax(Mutant):
+    """Saturates with ``fmaxf(fminf(y, max), -max)``: IEEE fmin/fmax return the non-NaN operand,
+    so a NaN is stored as +max, a finite value (FP8-NAN)."""
+
+    catches = ("write",)
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        g = spec.geometry
+        if g.dtype not in R.fp8.FP8_DTYPES:
+            return super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
+        top = R.fp8.fp8_format(g.dtype).max_finite
+        rows = [R.fp8.quantize(torch.nan_to_num(scaled(x, scale), nan=top), 1.0, g.dtype) for x, scale in ((key, k_scale), (value, v_scale))]
+        place_rows(cache, spec, slot_mapping, rows)
+
+
+class Fp8RoundsThroughFp16(Mutant):
+    """Converts ``x / scale`` to fp16 first, then to fp8 (``__float2half`` + a half→fp8
+    conversion): double rounding turns values a hair off a tie into ties (FP8-ENCODE)."""
+
+    catches = ("write",)
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        g = spec.geometry
+        if g.dtype not in R.fp8.FP8_DTYPES:
+            return super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
+        rows = [R.fp8.quantize(scaled(x, scale).half().float(), 1.0, g.dtype) for x, scale in ((key, k_scale), (value, v_scale))]
+        place_rows(cache, spec, slot_mapping, rows)
+
+
+class BlockIndexByShift(Mutant):
+    """Splits the slot with ``s >> log2(N)`` and ``s & (N - 1)``, right only when the block size
+    is a power of two (WRITE-SLOT with N = 48)."""
+
+    catches = ("write",)
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        g = spec.geometry
+        shift = g.block_size.bit_length() - 1
+        wrong = lambda kv, b, n, h, d: spec.layout.offsets(  # noqa: E731
+            g, block=(b * g.block_size + n) >> shift, kv=kv, slot=(b * g.block_size + n) & ((1 << shift) - 1), head=h, dim=d)
+        place_rows(cache, spec, slot_mapping, encoded_rows(key, value, spec, k_scale, v_scale), wrong)
+
+
+class HeadStridePowerOfTwo(Mutant):
+    """Reads head ``h`` of a source row at ``h·BLOCK_D`` with ``BLOCK_D`` the next power of two
+    of D (the Triton ``arange`` width) instead of the row's head stride: right only for
+    power-of-two head sizes (WRITE-SOURCE-STRIDE with D = 80)."""
+
+    catches = ("write",)
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        g = spec.geometry
+        width = 1 << (g.head_size - 1).bit_length()
+        at = (torch.arange(g.num_kv_heads)[:, None] * width + torch.arange(g.head_size)).flatten()
+
+        def misread(x):  # elements past the row's H·D read as zeros
+            flat = torch.cat([x.reshape(x.shape[0], -1), torch.zeros(x.shape[0], g.num_kv_heads * width, dtype=x.dtype, device=x.device)], 1)
+            return flat[:, at.to(x.device)].view(x.shape)
+
+        super().write(cache, misread(key), misread(value), slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
+
+
+class BlocksFirstByteCopy(Mutant):
+    """Block copies as raw bytes of each blocks-first page (``page`` bytes per block id)."""
+
+    def __init__(self):
+        super().__init__(layouts=(R.blocks_first("NHD"), R.blocks_first("HND")))
+
+    def block_offset(self, block: int, page: int) -> int:
+        return block * page
+
+    def block_bytes(self, spec) -> int:
+        return spec.layout.strides(spec.geometry)["B"] * spec.geometry.element_size
+
+    def _swap(self, src, dst, src_ids, dst_ids, spec):
+        page = self.block_bytes(spec)
+        true_page = spec.layout.strides(spec.geometry)["B"] * spec.geometry.element_size
+        src_bytes, dst_bytes = (flat_storage(t, spec).view(torch.uint8) for t in (src, dst))
+        for s, d in zip(src_ids.tolist(), dst_ids.tolist()):
+            start, to = self.block_offset(s, true_page), self.block_offset(d, true_page)
+            length = min(page, src_bytes.numel() - start, dst_bytes.numel() - to)
+            dst_bytes[to:to + length] = src_bytes[start:start + length].to(dst_bytes.device)
+
+    def swap_out(self, cache, host_cache, src_ids, dst_ids, spec):
+        self._swap(cache, host_cache, src_ids.cpu(), dst_ids.cpu(), spec)
+
+    def swap_in(self, host_cache, cache, src_ids, dst_ids, spec):
+        self._swap(host_cache, cache, src_ids.cpu(), dst_ids.cpu(), spec)
+
+
+class SwapBlockBytesForTwoByteElements(BlocksFirstByteCopy):
+    """Swaps ``stride(0)·2`` bytes per block, the element size of bf16/fp16 hard-coded: an fp8
+    cache copies two blocks (overwriting the neighbour), an fp32 cache half of one."""
+
+    catches = ("swap",)
+
+    def block_bytes(self, spec):
+        return spec.layout.strides(spec.geometry)["B"] * 2
+
+
+class SwapByteOffsetsInt32(BlocksFirstByteCopy):
+    """Computes a block's byte offset ``id·page`` in 32-bit arithmetic: past 2^31 it wraps
+    (here: loses bit 31) and the swap reads and writes blocks near the start (ADDR-64BIT)."""
+
+    catches = ("swap",)
+
+    def block_offset(self, block, page):
+        return (block * page) & 0x7FFFFFFF
+
+
+class CopyBlocks16BitIds(Mutant):
+    """Narrows the block mapping to 16-bit ids: block ``b`` past 2^16 is block ``b mod 2^16`` (ADDR-BLOCK-ID)."""
+
+    catches = ("copy",)
+
+    def copy_blocks(self, cache, block_mapping, spec):
+        super().copy_blocks(cache, block_mapping & 0xFFFF, spec)
+
+
+class DecodeInt32Offsets(Mutant):
+    """Decode computes the element offset of block ``b`` (``b·page``) in 32-bit arithmetic: past
+    2^31 it wraps and reads another block (emulated by remapping the table; exact for the
+    power-of-two pages of the probe geometry; ADDR-64BIT)."""
+
+    catches = ("read",)
+
+    def __init__(self):
+        super().__init__(layouts=(R.blocks_first("NHD"), R.blocks_first("HND")))
+
+    def decode(self, cache, query, block_table, seq_lens, spec, *, scale, k_scale, v_scale):
+        page = spec.layout.strides(spec.geometry)["B"]
+        wrapped = ((block_table.long() * page) & 0x7FFFFFFF) // page
+        return super().decode(cache, query, wrapped.to(block_table.dtype), seq_lens, spec, scale=scale, k_scale=k_scale, v_scale=v_scale)
+
+
+def e3_layouts():
+    return (R.standardized("LBHNC"), R.standardized("BLHNC"))
+
+
+class WriteIgnoresLayer(Mutant):
+    """A per-layer writer handed layer ``l`` of a multi-layer allocation writes layer 0 (WRITE-LAYER)."""
+
+    catches = ("write",)
+
+    def __init__(self):
+        super().__init__(layouts=e3_layouts(), standards=frozenset({"e3"}))
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        super().write(cache, key, value, slot_mapping, dataclasses.replace(spec, layer=0), k_scale=k_scale, v_scale=v_scale)
+
+
+class DecodeReadsFirstLayer(Mutant):
+    """Decode of layer ``l`` of a multi-layer allocation reads layer 0's pages (READ-LAYER)."""
+
+    catches = ("read",)
+
+    def __init__(self):
+        super().__init__(layouts=e3_layouts(), standards=frozenset({"e3"}))
+
+    def decode(self, cache, query, block_table, seq_lens, spec, *, scale, k_scale, v_scale):
+        return super().decode(cache, query, block_table, seq_lens, dataclasses.replace(spec, layer=0), scale=scale, k_scale=k_scale, v_scale=v_scale)
+
+
+class BlockCopiesFirstLayerOnly(Mutant):
+    """Swaps and copies one page per block id — layer 0's — on a multi-layer allocation, as if
+    every layer had its own tensor (BLOCK-ALL-LAYERS)."""
+
+    catches = ("swap", "copy")
+
+    def __init__(self):
+        super().__init__(layouts=e3_layouts(), standards=frozenset({"e3"}))
+
+    def _first_layer(self, src, dst, src_ids, dst_ids, spec):
+        g = spec.geometry
+        src_bits, dst_bits = (R.storage_bits(flat_storage(t, spec), g) for t in (src, dst))
+        values = src_bits[R.offset_map(spec.layout, g, src_ids.cpu())[0].to(src_bits.device)]
+        dst_bits[R.offset_map(spec.layout, g, dst_ids.cpu())[0].to(dst_bits.device)] = values.to(dst_bits.device)
+
+    def swap_out(self, cache, host_cache, src_ids, dst_ids, spec):
+        self._first_layer(cache, host_cache, src_ids, dst_ids, spec)
+
+    def swap_in(self, host_cache, cache, src_ids, dst_ids, spec):
+        self._first_layer(host_cache, cache, src_ids, dst_ids, spec)
+
+    def copy_blocks(self, cache, block_mapping, spec):
+        self._first_layer(cache, cache, block_mapping[:, 0], block_mapping[:, 1], spec)
+
+
+class SplitVOffsetForTwoByteElements(Mutant):
+    """Puts V ``N·H·D·2`` bytes after K (``sizeof(half)`` hard-coded): right for bf16/fp16,
+    wrong for fp8 and fp32 caches (SPLIT-ZERO-COPY, SPLIT-E1-BLOCK-STRIDE)."""
+
+    catches = ("split",)
+
+    def __init__(self):
+        super().__init__(layouts=(R.blocks_first("NHD"), R.blocks_first("HND")))
+
+    def split(self, cache, spec):
+        g = spec.geometry
+        k, _ = super().split(cache, spec)
+        plane_bytes = g.block_size * g.num_kv_heads * g.head_size * 2
+        return k, cache.as_strided(k.shape, k.stride(), k.storage_offset() + plane_bytes // g.element_size)
+
 MUTANTS = {
     "kv_first_reported_as_blocks_first": KvFirstReportedAsBlocksFirst,
     "split_copies": SplitCopies,
@@ -574,4 +783,16 @@ MUTANTS = {
     "swap_only_below_two": SwapOnlyBelowTwo,
     "shuffle_dense_block_stride": ShuffleDenseBlockStride,
     "e3_cross_layer_packed_layer_outermost": CrossLayerPackedLayerOutermost,
+    "fp8_nan_saturates_to_max": Fp8NanSaturatesToMax,
+    "fp8_rounds_through_fp16": Fp8RoundsThroughFp16,
+    "write_block_index_by_shift": BlockIndexByShift,
+    "write_head_stride_power_of_two": HeadStridePowerOfTwo,
+    "swap_block_bytes_for_two_byte_elements": SwapBlockBytesForTwoByteElements,
+    "swap_byte_offsets_int32": SwapByteOffsetsInt32,
+    "copy_blocks_16_bit_ids": CopyBlocks16BitIds,
+    "decode_int32_offsets": DecodeInt32Offsets,
+    "write_ignores_layer": WriteIgnoresLayer,
+    "decode_reads_first_layer": DecodeReadsFirstLayer,
+    "block_copies_first_layer_only": BlockCopiesFirstLayerOnly,
+    "split_v_offset_for_two_byte_elements": SplitVOffsetForTwoByteElements,
 }

@@ -44,17 +44,15 @@ def _hex(data: torch.Tensor) -> str:
     return " ".join(f"{b:02x}" for b in data.tolist())
 
 
-def _place(arena: Arena, element: int) -> str:
-    """Where element ``element`` of the arena (in cache-dtype units from the arena start) lies."""
+def _places(arena: Arena, elements: list[int]) -> list[str]:
+    """Where each element of the arena (in cache-dtype units from the arena start) lies."""
     spec = arena.spec
     e = spec.geometry.element_size
-    inner = element - GUARD // e
     span = spec.layout.numel(spec.geometry)
-    if inner < 0:
-        return f"guard before cache ({-inner * e} bytes before)"
-    if inner >= span:
-        return f"guard after cache (+{(inner - span) * e} bytes past the end)"
-    return describe(R.coordinates_of(spec.layout, spec.geometry, [inner])[0])
+    inner = [element - GUARD // e for element in elements]
+    coords = iter(R.coordinates_of(spec.layout, spec.geometry, [i for i in inner if 0 <= i < span]))
+    return [f"guard before cache ({-i * e} bytes before)" if i < 0 else
+            f"guard after cache (+{(i - span) * e} bytes past the end)" if i >= span else describe(next(coords)) for i in inner]
 
 
 def assert_bytes_equal(prop: str, case: Case, expected: Arena, actual: Arena, note: str = "", *, pages=None) -> None:
@@ -79,9 +77,10 @@ def assert_bytes_equal(prop: str, case: Case, expected: Arena, actual: Arena, no
         f"+ {GUARD}-byte guards){' — ' + note if note else ''}"
     ]
     mismatches = []
-    for element in differs[:SHOWN].tolist():
+    shown = differs[:SHOWN].tolist()
+    for element, where in zip(shown, _places(actual, shown)):
         span = slice(element * e, (element + 1) * e)
-        mismatches.append({"where": _place(actual, element), "expected": _hex(want[span]), "actual": _hex(got[span])})
+        mismatches.append({"where": where, "expected": _hex(want[span]), "actual": _hex(got[span])})
         lines.append(f"  {mismatches[-1]['where']}: expected {mismatches[-1]['expected']}, actual {mismatches[-1]['actual']}")
     if differs.numel() > SHOWN:
         lines.append(f"  … {differs.numel() - SHOWN} more")

@@ -1,6 +1,6 @@
 """Cross-platform byte equivalence — the same logical KV gives the same bytes: canonical block
 bytes equal the committed reference digests (any layout, per fp8 format), page bytes equal the
-reference layout's, and with ``--compare-digests`` equal another machine's run (LAYOUT_SPEC §D.3)."""
+reference layout's, and with ``--compare-digests`` equal another machine's run (SPEC §12 EQUIV-*)."""
 
 import pytest
 import torch
@@ -43,6 +43,7 @@ def first_canonical_difference(spec, golden_case, ours: torch.Tensor, theirs: to
     return describe({"layer": 0, "block": block, "kv": int(kv), "slot": int(n), "head": int(h), "dim": int(d)})
 
 
+@pytest.mark.kvc_clause("EQUIV-CANONICAL", "EQUIV-PAGE")
 @pytest.mark.parametrize("golden_case", CASES, ids=[c.name for c in CASES])
 def test_canonical_bytes_equal_the_committed_reference_digests(case, golden_case):
     record, arena, spec = written(case, golden_case)
@@ -70,6 +71,7 @@ def test_canonical_bytes_equal_the_committed_reference_digests(case, golden_case
         )
 
 
+@pytest.mark.kvc_clause("EQUIV-CROSS-MACHINE")
 @pytest.mark.kvc_needs("compare_digests")
 @pytest.mark.parametrize("golden_case", CASES, ids=[c.name for c in CASES])
 def test_digests_equal_the_exported_run(case, golden_case, exported_digests):

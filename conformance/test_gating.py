@@ -2,7 +2,7 @@
 blocks-first with one region per block must declare ``supports_kv_connector() == False``; one
 whose layouts all are must not; ``validate_configuration`` rejects a connector with "KV
 connector not supported" exactly when support is not declared; and the platform's priority list
-never offers a connector configuration a backend that cannot serve one (LAYOUT_SPEC §C.3, F.1, F.17)."""
+never offers a connector configuration a backend that cannot serve one (SPEC §10 GATE-*; F.1, F.17)."""
 
 import pytest
 
@@ -25,6 +25,7 @@ def supported_configuration(case) -> dict:
     return dict(head_size=caps.head_sizes[0], dtype=caps.dtypes[0], kv_cache_dtype=caps.kv_cache_dtypes[0], block_size=caps.block_sizes[0])
 
 
+@pytest.mark.kvc_clause("GATE-SUPPORT", "SHAPE-SHIPPABLE")
 def test_connector_support_matches_the_layouts(case):
     # Declaring support is safe only if every layout a connector may run with is shippable;
     # declaring none is justified only if some declared layout is not.
@@ -35,6 +36,7 @@ def test_connector_support_matches_the_layouts(case):
     assert_equal("gating", case, True, consistent, f"supports_kv_connector() = {declared} for layouts {layouts}, with a connector {with_connector}")
 
 
+@pytest.mark.kvc_clause("GATE-REJECT")
 @pytest.mark.parametrize("use_kv_connector", [True, False], ids=["connector", "no-connector"])
 def test_connector_configuration_is_rejected_iff_unsupported(case, use_kv_connector):
     reasons = case.backend.validate_configuration(**supported_configuration(case), use_kv_connector=use_kv_connector)
@@ -42,11 +44,13 @@ def test_connector_configuration_is_rejected_iff_unsupported(case, use_kv_connec
     assert_equal("gating", case, expected, CONNECTOR_NOT_SUPPORTED in reasons, f"'{CONNECTOR_NOT_SUPPORTED}' in validate_configuration(...) = {reasons}")
 
 
+@pytest.mark.kvc_clause("GATE-VALID")
 def test_supported_configuration_has_no_other_reasons(case):
     reasons = case.backend.validate_configuration(**supported_configuration(case), use_kv_connector=False)
     assert_equal("gating", case, [], reasons, "validate_configuration for a declared configuration")
 
 
+@pytest.mark.kvc_clause("GATE-SELECTOR")
 @pytest.mark.kvc_needs("selector")
 def test_selector_offers_a_connector_configuration_only_backends_that_support_one(case):
     name = case.backend.name

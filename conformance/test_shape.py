@@ -1,7 +1,7 @@
 """Check 1 — the cache a backend allocates has the standard's logical shape, strides rebuilt
 from its declared stride order, and — on every layout a KV connector may ship (E1: all; E3:
-the one vLLM resolves with a connector) — blocks outermost and no inner gaps (LAYOUT_SPEC §A.1,
-§A.2, §A.7.2, §A.7.6)."""
+the one vLLM resolves with a connector) — blocks outermost and no inner gaps (SPEC §2 SHAPE-*,
+LAYOUT-E3-LAYERS)."""
 
 import pytest
 
@@ -13,12 +13,14 @@ from .observed import expected_logical_shape, observed_offset_map
 pytestmark = [pytest.mark.shape, pytest.mark.kvc_layouts("standard")]
 
 
+@pytest.mark.kvc_clause("SHAPE-LOGICAL", "LAYOUT-E1", "LAYOUT-E3")
 def test_cache_has_the_standard_logical_shape(case):
     spec = case.spec(case.geometry(num_layers=1))
     arena = case.allocate(spec)
     assert_equal("shape", case, expected_logical_shape(case.standard, spec), tuple(arena.cache.shape), "cache.shape")
 
 
+@pytest.mark.kvc_clause("LAYOUT-E3-LAYERS", "LAYOUT-E3")
 @pytest.mark.kvc_needs("standard_e3")
 def test_every_layer_and_block_sits_where_the_permutation_puts_it(case):
     # Three layers: block-outermost permutations interleave layers inside each block (§A.7.3).
@@ -30,8 +32,9 @@ def test_every_layer_and_block_sits_where_the_permutation_puts_it(case):
     assert_offsets_equal("shape", case, declared, observed, "[L, B, H, N, C] view of a 3-layer allocation")
 
 
-def test_cache_strides_are_rebuilt_from_the_declared_stride_order(case):
-    spec = case.spec(case.geometry())
+@pytest.mark.kvc_clause("SHAPE-STRIDES", "LAYOUT-E1", "LAYOUT-E3")
+def test_cache_strides_are_rebuilt_from_the_declared_stride_order(case, cache_dtype):
+    spec = case.spec_for(cache_dtype)
     arena = case.allocate(spec)
     shape, strides = spec.layout.view_shape_strides(spec.geometry)
     # A size-1 dim's stride addresses nothing; PyTorch lets it be anything (pitfall F.4).
@@ -40,6 +43,7 @@ def test_cache_strides_are_rebuilt_from_the_declared_stride_order(case):
     assert_equal("shape", case, 0, arena.cache.data_ptr() - arena.region.data_ptr(), "cache.data_ptr() - buffer start, bytes")
 
 
+@pytest.mark.kvc_clause("SHAPE-SHIPPABLE")
 @pytest.mark.kvc_layouts("connector")
 def test_blocks_are_outermost_and_each_block_is_one_region(case):
     spec = case.spec(case.geometry())

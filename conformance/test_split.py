@@ -1,6 +1,6 @@
 """Check 2 — splitting the cache into K and V gives zero-copy views: same storage, V one
 plane after K, block stride twice the plane (E1 ``unbind(1)``), and a write through a view
-lands in the cache (LAYOUT_SPEC §B.6; pitfall F.6)."""
+lands in the cache (SPEC §3 SPLIT-*; pitfall F.6)."""
 
 import pytest
 import torch
@@ -23,12 +23,13 @@ def expected_side(spec, view: torch.Tensor, kv: int):
     return shape, strides, offset * spec.geometry.element_size
 
 
-def split_of(case: Case):
-    spec = case.spec(case.geometry())
+def split_of(case: Case, cache_dtype=None):
+    spec = case.spec_for(cache_dtype) if cache_dtype else case.spec(case.geometry())
     arena = case.allocate(spec)
     return spec, arena, case.backend.split(arena.cache, spec)
 
 
+@pytest.mark.kvc_clause("SPLIT-ZERO-COPY")
 def test_split_views_share_the_cache_storage(case):
     spec, arena, views = split_of(case)
     for kv, view in enumerate(views):
@@ -39,6 +40,7 @@ def test_split_views_share_the_cache_storage(case):
         assert_equal("split", case, offset, view.data_ptr() - arena.region.data_ptr(), f"{name}.data_ptr() - cache start, bytes")
 
 
+@pytest.mark.kvc_clause("SPLIT-STRIDES", "LAYOUT-SHUFFLE", "LAYOUT-LEGACY")
 def test_split_views_have_the_layout_strides(case):
     spec, _, views = split_of(case)
     for kv, view in enumerate(views):
@@ -46,6 +48,7 @@ def test_split_views_have_the_layout_strides(case):
         assert_equal("split", case, (shape, strides), (tuple(view.shape), view.stride()), f"{'KV'[kv]} (shape, strides)")
 
 
+@pytest.mark.kvc_clause("SPLIT-E1-BLOCK-STRIDE", "LAYOUT-SHUFFLE-BASE")
 @pytest.mark.kvc_needs("standard_e1")
 def test_e1_block_stride_is_twice_the_plane(case):
     spec, _, views = split_of(case)
@@ -56,8 +59,9 @@ def test_e1_block_stride_is_twice_the_plane(case):
     assert_equal("split", case, plane * g.element_size, views[1].data_ptr() - views[0].data_ptr(), "V - K data_ptr")
 
 
-def test_writes_through_split_views_reach_the_cache(case):
-    spec, arena, views = split_of(case)
+@pytest.mark.kvc_clause("SPLIT-WRITE-THROUGH", "SPLIT-ZERO-COPY")
+def test_writes_through_split_views_reach_the_cache(case, cache_dtype):
+    spec, arena, views = split_of(case, cache_dtype)
     expected = arena.snapshot()
     bits = R.bits_dtype(spec.geometry.dtype)
     for kv, view in enumerate(views):

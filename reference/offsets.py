@@ -65,14 +65,11 @@ def coordinates_of(layout: Layout, g: Geometry, element_offsets, chunk_elements:
             continue
         omap = offset_map(layout, g, blocks)
         flat = omap.flatten()
-        order = torch.argsort(flat)
-        pos = torch.searchsorted(flat[order], wanted).clamp(max=flat.numel() - 1)
-        hits = flat[order][pos] == wanted
-        for i in torch.nonzero(hits).flatten().tolist():
-            index = int(order[pos[i]])
+        for index in torch.nonzero(torch.isin(flat, wanted)).flatten().tolist():
             coord = dict(zip(LOGICAL_DIMS, (int(c) for c in torch.unravel_index(torch.tensor(index), omap.shape))))
             coord["block"] = int(blocks[coord["block"]])
-            found[i] = coord
+            for i in torch.nonzero(wanted == flat[index]).flatten().tolist():
+                found[i] = coord
         if all(c is not None for c in found):
             break
     return found
