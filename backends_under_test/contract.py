@@ -134,21 +134,21 @@ class Backend(abc.ABC):
         raise NotImplementedError
 
     def supports_kv_connector(self) -> bool:
-        """vLLM ``AttentionBackend.supports_kv_connector()`` (default True, §C.1)."""
+        """vLLM ``AttentionBackend.supports_kv_connector()`` (default True, SPEC GATE-SUPPORT)."""
         return True
 
     def selection_order(self, *, use_kv_connector: bool) -> list[str] | None:
         """The platform selector's backend priority list for this configuration, by the names
-        backends report (vLLM ``_get_backend_priorities``, §C.3); None: no selector to check."""
+        backends report (vLLM ``_get_backend_priorities``, SPEC GATE-SELECTOR); None: no selector to check."""
         return None
 
     def connector_layouts(self) -> tuple[Layout, ...]:
         """The layouts this backend may run with while a KV connector is configured (default:
-        every declared layout; E3 backends: what vLLM's layout resolution picks, §A.7.4)."""
+        every declared layout; E3 backends: what vLLM's layout resolution picks, SPEC §14)."""
         return self.capabilities.layouts
 
     def validate_configuration(self, *, head_size: int, dtype, kv_cache_dtype: str, block_size: int, use_kv_connector: bool) -> list[str]:
-        """Reasons this configuration is invalid (vLLM ``validate_configuration``, §C.1)."""
+        """Reasons this configuration is invalid (vLLM ``validate_configuration``, SPEC GATE-REJECT, GATE-VALID)."""
         caps = self.capabilities
         reasons = []
         if head_size not in caps.head_sizes:

@@ -266,7 +266,7 @@ class KvFirstClaimsConnector(Mutant):
 
 class SelectorIgnoresConnector(Mutant):
     """ROCM_ATTN-style kv-first backend that declares no connector support, but the platform's
-    priority list still offers it when a connector is configured (§C.3, F.1)."""
+    priority list still offers it when a connector is configured (GATE-SELECTOR, F.1)."""
 
     catches = ("gating",)
 
@@ -280,7 +280,7 @@ class SelectorIgnoresConnector(Mutant):
 class ValidateDropsConnectorFlag(Mutant):
     """A ``validate_configuration`` override on a kv-first backend that does not forward
     ``use_kv_connector`` to the base class: it declares no connector support, yet a connector
-    configuration validates clean (§C.1; ROCM_AITER_MLA must forward it)."""
+    configuration validates clean (GATE-REJECT; ROCM_AITER_MLA must forward it)."""
 
     catches = ("gating",)
 

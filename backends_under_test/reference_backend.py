@@ -75,7 +75,7 @@ class ReferenceBackend(Backend):
         )
 
     def selection_order(self, *, use_kv_connector):
-        """§C.3 reduced to this backend: offered unless a connector is on and it cannot serve one."""
+        """GATE-SELECTOR reduced to this backend: offered unless a connector is on and it cannot serve one."""
         return [] if use_kv_connector and not self.supports_kv_connector() else [self.name]
 
     def supports_kv_connector(self):
@@ -102,5 +102,5 @@ class Gfx942Reference(ReferenceBackend):
         return "gfx942"
 
 
-# Small geometry used to read layout facts (§A.1: probe, never guess from a live tensor).
+# Small geometry used to read layout facts (SPEC §14: probe, never guess from a live tensor).
 _PROBE = R.Geometry(num_blocks=3, block_size=16, num_kv_heads=2, head_size=16, dtype=torch.bfloat16)

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-# K/V address forms inside a block (LAYOUT_SPEC §A.2, §A.4, §A.5).
+# K/V address forms inside a block (SPEC LAYOUT-E1, LAYOUT-LEGACY, LAYOUT-SHUFFLE).
 STRIDED, X_TILES, LEGACY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 # torch fp8 dtype -> (Triton dtype, mantissa bits, smallest normal, subnormal spacing, max finite,
@@ -79,7 +79,7 @@ def _row_offset(b, n, block_stride, slot_stride, SIDE: tl.constexpr, FORM: tl.co
 def _inner_offset(h, d, head_stride, SIDE: tl.constexpr, FORM: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_SIZE: tl.constexpr, X: tl.constexpr):
     """The (head, dim) part of an element offset, int32 (it stays inside one block).
 
-    Every layout's offset separates into row(b, n) + inner(h, d) (LAYOUT_SPEC §A), so
+    Every layout's offset separates into row(b, n) + inner(h, d) (SPEC §1), so
     per-element address arithmetic is 32-bit and only the per-token row is 64-bit.
     """
     tile = h * (HEAD_SIZE * BLOCK_SIZE)
@@ -105,11 +105,11 @@ def reshape_and_cache_kernel(
     PACKED: tl.constexpr, OUT: tl.constexpr, MAN_BITS: tl.constexpr, MIN_NORMAL: tl.constexpr, SUB_ULP: tl.constexpr, MAX: tl.constexpr,
     NAN_CODE: tl.constexpr, SIGNED_NAN: tl.constexpr,
 ):
-    """One program per TOKENS tokens, all heads: a [TOKENS, H, D] tile of K and of V (§B.3, §B.5).
+    """One program per TOKENS tokens, all heads: a [TOKENS, H, D] tile of K and of V (SPEC WRITE-SLOT, SHUFFLE-TILES).
 
     Padding slots (< 0) and tokens past ``num_tokens`` are masked out, so they touch nothing.
     """
-    if PACKED:  # heads packed in every row (NHD, §B.3 fast path): one flat [TOKENS, H·D] tile
+    if PACKED:  # heads packed in every row (NHD fast path): one flat [TOKENS, H·D] tile
         t = (tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS).to(tl.int64))[:, None]
         j = tl.arange(0, BLOCK_H * BLOCK_D)[None, :]
         h = j // HEAD_SIZE

@@ -350,7 +350,7 @@ class VllmBackend(Backend):
 
 
 class VllmE3Backend(VllmBackend):
-    """vLLM 0.33.0: per-layer ``[B, H, N, C]`` views of one int8 allocation (§A.7)."""
+    """vLLM 0.33.0: per-layer ``[B, H, N, C]`` views of one int8 allocation (SPEC LAYOUT-E3)."""
 
     def _standards(self, layouts):
         return frozenset({"e3"})
@@ -379,7 +379,7 @@ class VllmE3Backend(VllmBackend):
 
     @functools.cached_property
     def _connector_layout(self):
-        """The layout vLLM's own resolution (§A.7.4) picks for this backend with NixlConnector
+        """The layout vLLM's own resolution (SPEC §14) picks for this backend with NixlConnector
         configured: the backend's connector-aware ``supported_kv_cache_layouts`` under that
         config, then ``resolve_kv_cache_layout`` (NIXL asks for LBHNC on non-MLA models)."""
         from vllm.config import set_current_vllm_config
@@ -447,7 +447,7 @@ class VllmE3Backend(VllmBackend):
         if len(views) != 2:
             raise AssertionError(
                 f"split: vLLM's {self.vllm_name} split of the [B, H, N, C] cache {tuple(kv.shape)} returned {len(views)} "
-                f"tensors, not K and V (it unbinds dim 0, the block dim: LAYOUT_SPEC F.18)"
+                f"tensors, not K and V (it unbinds dim 0, the block dim: SPEC F.18)"
             )
         return views
 
@@ -482,7 +482,7 @@ def stack_layer_views(views: list[torch.Tensor]) -> torch.Tensor:
 
 
 class VllmE1Backend(VllmBackend):
-    """E1 era (mid-2026): ``get_kv_cache_shape`` + ``get_kv_cache_stride_order`` (§A.1–A.3)."""
+    """E1 era (mid-2026): ``get_kv_cache_shape`` + ``get_kv_cache_stride_order`` (SPEC SHAPE-STRIDES, LAYOUT-E1, LAYOUT-E0)."""
 
 
     def _stride_order(self, ndim: int) -> tuple[int, ...]:
@@ -512,7 +512,7 @@ class VllmE1Backend(VllmBackend):
         return frozenset({"swap"} | ({"write"} if hasattr(impl_cls, "do_kv_cache_update") else set()))
 
     def allocate(self, buffer, spec):
-        """As the E1 worker: allocate the physical (stride-ordered) shape, permute back (§A.1)."""
+        """As the E1 worker: allocate the physical (stride-ordered) shape, permute back (SPEC SHAPE-STRIDES)."""
         g = spec.geometry
         shape = tuple(self.backend_cls.get_kv_cache_shape(g.num_blocks, g.block_size, g.num_kv_heads, g.head_size, spec.kv_cache_dtype))
         order = self._stride_order(len(shape))

@@ -118,6 +118,16 @@ def _golden_case(ctx, golden):
     return None
 
 
+def _declares_standard(ctx, wanted):
+    return None if wanted in ctx.backend.capabilities.standards else f"declares no {wanted.upper()} standard (the check is {wanted.upper()}-specific)"
+
+
+def _cpu_platform(ctx, _):
+    if ctx.device.startswith("cuda") or ctx.backend.platform != "cpu":
+        return None
+    return "declares platform cpu: its caches are host memory, a swap has no device side"
+
+
 def _gpu(ctx, _):
     return None if ctx.device.startswith("cuda") else "has no GPU (caches on cpu)"
 
@@ -171,6 +181,9 @@ NEEDS = {
     "single_kv_head": (DECLARATION, _backend, _single_kv_head),
     "selector": (DECLARATION, _backend, _selector),
     "multi_layer": (DECLARATION, _backend, _multi_layer),
+    "declares_e1": (DECLARATION, _backend, lambda ctx, _: _declares_standard(ctx, "e1")),
+    "declares_e3": (DECLARATION, _backend, lambda ctx, _: _declares_standard(ctx, "e3")),
+    "cpu_platform": (DECLARATION, _backend, _cpu_platform),
     "run_standard": (RUN, lambda ctx: "this run", _run_standard),
     "standard_e1": (RUN, lambda ctx: "this run", lambda ctx, _: _standard_specific(ctx, "e1")),
     "standard_e3": (RUN, lambda ctx: "this run", lambda ctx, _: _standard_specific(ctx, "e3")),
@@ -179,6 +192,9 @@ NEEDS = {
     "memory_2_31": (MACHINE, lambda ctx: "this machine", _memory_2_31),
 }
 FEATURES = ("fp8", "single_kv_head", "selector", "standard_e1", "standard_e3", "compare_digests", "gpu", "memory_2_31", "multi_layer")
+# A feature that is several needs: the backend's declaration is asked first, so a check that
+# cannot apply to what it declares is not applicable by declaration whatever the run or machine.
+_IMPLIED = {"standard_e1": ("declares_e1", "standard_e1"), "standard_e3": ("declares_e3", "standard_e3"), "gpu": ("cpu_platform", "gpu")}
 
 
 def needs_of(markers: dict, golden_case=None) -> list[tuple[str, object]]:
@@ -193,7 +209,7 @@ def needs_of(markers: dict, golden_case=None) -> list[tuple[str, object]]:
     for feature in markers.get("kvc_needs", ()):
         if feature not in FEATURES:
             raise ValueError(f"kvc_needs: unknown feature {feature!r}; expected one of {FEATURES}")
-        wanted.append((feature, None))
+        wanted += [(need, None) for need in _IMPLIED.get(feature, (feature,))]
     order = list(NEEDS)
     return sorted(wanted, key=lambda pair: order.index(pair[0]))
 

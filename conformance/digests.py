@@ -37,6 +37,34 @@ def export(path: str, records: list[dict]) -> int:
     return len(entries)
 
 
+def reference_export(layouts) -> dict:
+    """The reference's digests of every golden case on these layouts, as a loaded digest file:
+    what a certified run compares with when no other machine's file is given."""
+    import torch
+
+    from kvconform import reference as R
+
+    from .equivalence import digest_record, geometry, inputs
+
+    entries = []
+    for layout in dict.fromkeys(layouts):
+        for case in CASES:
+            for e4m3 in FP8_FORMATS if case.kv_cache_dtype == "fp8" else (None,):
+                on = ("rocm", "gfx942") if e4m3 == "float8_e4m3fnuz" else ("cuda", "sm90")
+                g = geometry(case, R.fp8.cache_dtype_for(case.kv_cache_dtype, case.model_dtype, *on))
+                fmt = str(g.dtype).removeprefix("torch.") if g.dtype in R.fp8.FP8_DTYPES else None  # as the check records it
+                try:
+                    layout.validate(g)
+                except ValueError:
+                    continue
+                storage = torch.zeros(layout.nbytes(g), dtype=torch.uint8)
+                key, value, slots = inputs(case)
+                k_scale, v_scale = scales(fmt)
+                R.reshape_and_cache(key, value, storage, layout, g, slots, k_scale=k_scale, v_scale=v_scale)
+                entries.append({"backend": "reference", "platform": on[0], "arch": on[1], **digest_record(storage, layout, case, g, fmt)})
+    return {**header(), "entries": entries, "path": "kvconform's reference digests (this suite version)"}
+
+
 def load(path: str) -> dict:
     document = read_json(path, "digest file", DigestFileError)
     ours = header()

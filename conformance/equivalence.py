@@ -1,4 +1,4 @@
-"""Golden cases for cross-platform byte equivalence (LAYOUT_SPEC §D.3).
+"""Golden cases for cross-platform byte equivalence (SPEC §12 EQUIV-*).
 
 Each case is a fixed geometry, dtype and seeded input, generated on the CPU (then moved), so
 every platform writes the same logical KV. After a backend's write, the written blocks give:
@@ -53,7 +53,7 @@ FP8_FORMATS = ("float8_e4m3fn", "float8_e4m3fnuz")
 
 def scales(fp8_format: str | None) -> tuple[torch.Tensor, torch.Tensor]:
     """k and v scales: powers of two, unequal; doubled for e4m3fnuz, as vLLM doubles checkpoint
-    scales on gfx94x so that in-range codes match the e4m3fn ones (§B.4)."""
+    scales on gfx94x so that in-range codes match the e4m3fn ones (SPEC FP8-FORMAT, EQUIV-CROSS-MACHINE)."""
     factor = 2.0 if fp8_format == "float8_e4m3fnuz" else 1.0
     return torch.tensor([0.5 * factor]), torch.tensor([2.0 * factor])
 

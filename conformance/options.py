@@ -34,6 +34,8 @@ OPTIONS = (
     ("compare-digests", True, dict(default=None, metavar="FILE", help="compare this run's digests with a file written by --export-digests")),
     ("expectations", True, dict(default=None, metavar="FILE", help="vendor expectations file: known failures do not fail the run (docs/EXPECTATIONS.md)")),
     ("update-expectations", True, dict(default=None, metavar="FILE", help="write the current failures as the next expectations baseline")),
+    ("certify", False, dict(default=None, metavar="DIR", help="a certified run: every check, profile full, seed 0, no expectations; "
+                                                              "writes a submission bundle to DIR when every outcome is passed or not applicable by declaration")),
 )
 
 
@@ -85,6 +87,7 @@ class RunOptions:
     compare_digests: str | None
     expectations: str | None
     update_expectations: str | None
+    certify: str | None = None
 
     @classmethod
     def from_config(cls, config, default_device: str) -> "RunOptions":
@@ -94,7 +97,7 @@ class RunOptions:
             backends=names, device=get("device") or default_device, seed=get("seed"), profile=get("profile"),
             standard=get("standard"), json_path=get("json"), html_path=get("html"), huge=get("huge"), timeout=get("timeout"),
             export_digests=get("export-digests"), compare_digests=get("compare-digests"),
-            expectations=get("expectations"), update_expectations=get("update-expectations"),
+            expectations=get("expectations"), update_expectations=get("update-expectations"), certify=get("certify"),
         )
 
     def cli_args(self) -> list[str]:

@@ -95,6 +95,10 @@ class SuiteRun:
         from kvconform.reports import expectations
 
         opts = options.RunOptions.from_config(config, "cuda" if torch.cuda.is_available() else "cpu")
+        if opts.certify:
+            from .certify import pinned
+
+            opts = pinned(config, opts)
         # Hypothesis' scratch files go beside the results, never into the caller's tree or site-packages.
         set_hypothesis_home_dir(os.path.join(os.path.dirname(os.path.abspath(opts.json_path)), ".hypothesis"))
         profiles = {
@@ -111,11 +115,21 @@ class SuiteRun:
             known = expectations.parse(opts.expectations) if opts.expectations else []
         except expectations.ExpectationsError as exc:
             raise pytest.UsageError(f"--kvc-expectations: {exc}") from exc
-        run = cls(options=opts, backends=_load_backends(opts.backends), expectations=known, compare=_load_compare(opts.compare_digests))
+        backends = _load_backends(opts.backends)
+        compare = _load_compare(opts.compare_digests)
+        if compare is None and opts.certify:  # nothing waived: without another machine's file, compare with the reference's
+            from .digests import reference_export
+
+            compare = reference_export([layout for loaded in backends.values() if loaded.backend for layout in loaded.backend.capabilities.layouts])
+        run = cls(options=opts, backends=backends, expectations=known, compare=compare)
         if not hasattr(config, "workerinput"):  # xdist workers send their reports to the controller
             from .recorder import ResultRecorder, environment
 
             config.pluginmanager.register(ResultRecorder(run, environment(run, run.backend_facts())), "kvconform-results")
+            if opts.certify:
+                from .certify import Certifier
+
+                config.pluginmanager.register(Certifier(run), "kvconform-certify")
         return run
 
     def backend_facts(self) -> dict:

@@ -23,7 +23,7 @@ def test_cache_has_the_standard_logical_shape(case):
 @pytest.mark.kvc_clause("LAYOUT-E3-LAYERS", "LAYOUT-E3")
 @pytest.mark.kvc_needs("standard_e3")
 def test_every_layer_and_block_sits_where_the_permutation_puts_it(case):
-    # Three layers: block-outermost permutations interleave layers inside each block (§A.7.3).
+    # Three layers: block-outermost permutations interleave layers inside each block (LAYOUT-E3-LAYERS).
     spec = case.spec(case.geometry(num_layers=3, num_blocks=4))
     arena = case.allocate(spec)
     observed = observed_offset_map(case.standard, spec, arena.cache) + (arena.cache.data_ptr() - arena.region.data_ptr()) // spec.geometry.element_size

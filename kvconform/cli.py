@@ -2,11 +2,15 @@
 
     kvconform run --backend a,b,c [--kvc-timeout S] [-j N] [-- PYTEST ARGS]   (one process per backend)
     kvconform report html|merge|matrix …                                      (results JSON → reports)
+    kvconform coverage [RUN.json …] [-o FILE]                                 (the coverage table; no runs: the built-ins')
+    kvconform certify --backend a[,b] [--out DIR] [-- PYTEST ARGS]            (a certified run and its submission bundle)
+    kvconform verify-submission BUNDLE                                        (re-check a submission bundle)
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from kvconform.reports import cli as report_cli
 
@@ -21,10 +25,85 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--kvc-timeout", type=float, default=600.0, help="seconds per test before it is ended as timeout")
     run.add_argument("-j", "--jobs", type=int, default=1, help="backends run at once")
     run.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after '--': extra pytest arguments")
+    coverage = sub.add_parser("coverage", help="the coverage table of result files; without files, of the built-in backends (docs/COVERAGE.md)")
+    coverage.add_argument("runs", nargs="*", help="results JSON files (default: run the built-in backends as docs/COVERAGE.md says)")
+    coverage.add_argument("-o", "--output", help="write the Markdown table here (default: stdout)")
+    certify = sub.add_parser("certify", help="a certified run (every check, profile full, seed 0, no expectations) and its submission bundle")
+    certify.add_argument("--backend", required=True, help="comma-separated backends")
+    certify.add_argument("--out", default="kvconform-submission", help="the bundle directory")
+    certify.add_argument("-n", "--workers", default="auto", help="pytest-xdist workers (default: auto)")
+    certify.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after '--': extra pytest arguments (e.g. --kvc-standard e3)")
+    verify = sub.add_parser("verify-submission", help="re-check a submission bundle against this kvconform's must-pass list")
+    verify.add_argument("bundle")
     args = parser.parse_args(argv)
     if args.command == "report":
         return report_cli.run(args)
+    if args.command == "coverage":
+        return coverage_table(args.runs, args.output)
+    if args.command == "certify":
+        return certify_run(args.backend, args.out, args.workers, _after_dashes(args.pytest_args))
+    if args.command == "verify-submission":
+        return verify_submission(args.bundle)
     from kvconform.conformance.isolation import run as run_isolated
 
     extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     return run_isolated([b for b in args.backend.split(",") if b], extra, args.out, args.kvc_timeout, args.jobs)
+
+
+def _after_dashes(extra: list[str]) -> list[str]:
+    return extra[1:] if extra[:1] == ["--"] else extra
+
+
+def coverage_table(runs: list[str], output: str | None) -> int:
+    from kvconform.reports import coverage as C
+    from kvconform.reports.matrix import SchemaError
+    from kvconform.reports.results import write_atomically
+
+    if runs:
+        try:
+            documents = [report_cli.load(path) for path in runs]
+        except SchemaError as exc:
+            print(f"kvconform: {exc}", file=sys.stderr)
+            return 2
+        table = C.build(documents)
+        text = C.render_markdown(table, how=f"From {', '.join(runs)}.")
+    else:
+        from kvconform.conformance import builtin_coverage
+
+        documents = builtin_coverage.run_all()
+        table = C.build(documents)
+        text = builtin_coverage.render(documents)
+    if output:
+        write_atomically(output, text)
+        print(f"kvconform: wrote {output}")
+    else:
+        sys.stdout.write(text)
+    for hole in table.holes:
+        print(f"kvconform: HOLE {hole}", file=sys.stderr)
+    return 1 if table.holes else 0
+
+
+def certify_run(backend: str, out: str, workers: str, extra: list[str]) -> int:
+    import subprocess
+
+    from kvconform.conformance.command import suite_command
+
+    status = subprocess.run(suite_command("--kvc-backend", backend, "--kvc-certify", out, "-n", workers, *extra)).returncode
+    return status if status else verify_submission(out)
+
+
+def verify_submission(bundle: str) -> int:
+    import os
+
+    from kvconform.conformance.must_pass import must_pass
+    from kvconform.reports import submission
+
+    problems = submission.verify(bundle, must_pass())
+    if problems:
+        print(f"kvconform: REFUSED {bundle}: {len(problems)} problems")
+        for problem in problems:
+            print(f"  {problem}")
+        return 1
+    checksum = submission.sha256_file(os.path.join(bundle, submission.SUMS))
+    print(f"kvconform: ACCEPTED {bundle} (sha256 of {submission.SUMS} {checksum})")
+    return 0

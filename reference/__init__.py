@@ -1,6 +1,6 @@
 """kvconform's executable specification of paged KV-cache layouts and ops.
 
-Facts come from ``shared/spec/LAYOUT_SPEC.md``; symbols follow its §0 (B, N, H, D, L, e,
+The spec's prose is docs/SPEC.md (clause ids such as ``WRITE-PAD-1``); symbols follow its §0 (B, N, H, D, L, e,
 x, s, b, n). :meth:`Layout.offsets` is the single address formula; everything else here is
 derived from it.
 """

@@ -1,4 +1,4 @@
-"""Paged decode attention read through a block table (the read side of §B).
+"""Paged decode attention read through a block table (SPEC READ-DECODE).
 
 Sequence ``s`` has ``seq_lens[s]`` cached tokens; token ``t`` lives in block
 ``block_table[s, t // N]`` at row ``t % N``. Query head ``q`` attends with KV head

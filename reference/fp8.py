@@ -1,4 +1,4 @@
-"""FP8 KV-cache formats and the write/read quantisation of LAYOUT_SPEC §B.4.
+"""FP8 KV-cache formats and the write/read quantisation of SPEC §5 (FP8-*).
 
 Write: ``q = cast(x / scale)`` computed in fp32, rounded to nearest-even, saturated to the
 format's largest finite value (CUDA ``__NV_SATFINITE``). Read: ``x ≈ float(q) · scale``.
@@ -6,7 +6,7 @@ format's largest finite value (CUDA ``__NV_SATFINITE``). Read: ``x ≈ float(q) 
 
 Platforms: NVIDIA and AMD gfx950 store ``float8_e4m3fn`` (OCP, max 448, −0 = 0x80, NaN =
 0x7F/0xFF); AMD gfx942 stores ``float8_e4m3fnuz`` (max 240, no −0, NaN = 0x80) and vLLM
-doubles the checkpoint scales there, which makes in-range codes bit-identical (§D.3).
+doubles the checkpoint scales there, which makes in-range codes bit-identical (SPEC EQUIV-CROSS-MACHINE).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Geometry of one KV-cache allocation, in the symbols of LAYOUT_SPEC §0.
+"""Geometry of one KV-cache allocation, in the symbols of SPEC §0.
 
 ``B`` num_blocks, ``N`` block_size, ``H`` num_kv_heads (this rank), ``D`` head_size,
 ``L`` num_layers packed into one allocation, ``e`` bytes per element of the *cache* dtype,

@@ -1,4 +1,4 @@
-"""Layout descriptors: where every logical KV element lives (LAYOUT_SPEC §A).
+"""Layout descriptors: where every logical KV element lives (SPEC §1 LAYOUT-*).
 
 A layout lists its *physical* dimensions, outermost first, as symbols. Each symbol is both
 an extent (from the :class:`~reference.geometry.Geometry`) and an index into the logical
@@ -16,7 +16,7 @@ symbol extent       index             symbol   extent       index
 ====== ============ ===============   ======== ============ ==============
 
 Strides are dense (mixed radix) over that list, except that ``block_pad`` extra elements
-follow every block page (padded pages, §A.7.3). Tiled layouts (legacy paged, AITER shuffle)
+follow every block page (padded pages, SPEC §14). Tiled layouts (legacy paged, AITER shuffle)
 give K and V different inner dimension lists of equal size. :meth:`Layout.offsets` is the
 one address formula of the project: every other fact (shape, strides, views, canonical
 bytes, pictures) is derived from it.
@@ -47,7 +47,7 @@ _INDEX = {
     "x:n": ("slot", "mod"),
 }
 
-# Inner tiles of one (block, side): LAYOUT_SPEC §A.4/§A.5.
+# Inner tiles of one (block, side): SPEC LAYOUT-LEGACY / LAYOUT-SHUFFLE.
 KEY_X_TILE = ("H", "D/x", "N", "x:d")  # legacy paged key == AITER shuffle K
 VALUE_X_TILE = ("H", "N/x", "D", "x:n")  # interleaved V == AITER shuffle V
 VALUE_DN_TILE = ("H", "D", "N")  # legacy paged value
@@ -76,7 +76,7 @@ class Layout:
     for a packed K‖V content dim). Tiled layouts have no strided logical view; their
     ``container`` is the strided layout whose tensor a backend hands out (the bytes are
     re-viewed by its kernels). ``slot_coord`` is the coordinate E3 calls "head"
-    (``"kv"`` for the 2-slot specs, §A.7.1).
+    (``"kv"`` for the 2-slot specs, SPEC LAYOUT-E3).
     """
 
     era: str
@@ -207,7 +207,7 @@ class Layout:
         return shape, tuple(strides[s] for s in order), base
 
     def block_strides(self, g: Geometry) -> tuple[int, int]:
-        """K and V block strides in elements (what the shuffle writer receives, §B.5)."""
+        """K and V block strides in elements (what the shuffle writer receives, SPEC LAYOUT-SHUFFLE-BASE)."""
         return self.strides(g, 0)["B"], self.strides(g, 1)["B"]
 
 
@@ -222,7 +222,7 @@ _LOGICAL_E3_TWO_SLOT = (("L",), ("B",), ("2",), ("N",), ("H", "D"))
 
 
 def permuted(era: str, alias: str, logical, stride_order, *, block_pad=0, slot_coord="head") -> Layout:
-    """A layout given as vLLM declares it: logical dims plus a stride order (§A.1).
+    """A layout given as vLLM declares it: logical dims plus a stride order (SPEC SHAPE-STRIDES).
 
     ``physical[i] = logical[stride_order[i]]``.
     """
@@ -239,7 +239,7 @@ def permuted(era: str, alias: str, logical, stride_order, *, block_pad=0, slot_c
 
 
 E1_STRIDE_ORDERS = {"NHD": (0, 1, 2, 3, 4), "HND": (0, 1, 3, 2, 4)}
-# include_num_layers_dimension=True orders of (L, B, 2, N, H, D), §A.2.
+# include_num_layers_dimension=True orders of (L, B, 2, N, H, D), SPEC §14.
 E1_CROSS_LAYER_ORDERS = {
     "NHD": (1, 0, 2, 3, 4, 5),
     "HND_FLASH_ATTN": (1, 4, 0, 2, 3, 5),
@@ -248,22 +248,22 @@ E1_CROSS_LAYER_ORDERS = {
 
 
 def blocks_first(order: str = "NHD", *, block_pad: int = 0) -> Layout:
-    """E1 ``(B, 2, N, H, D)``, stride order NHD or HND (§A.2); split by ``unbind(1)``."""
+    """E1 ``(B, 2, N, H, D)``, stride order NHD or HND (SPEC LAYOUT-E1); split by ``unbind(1)``."""
     return permuted("E1", order, _LOGICAL_E1, _lookup(E1_STRIDE_ORDERS, order), block_pad=block_pad)
 
 
 def blocks_first_cross_layer(order: str = "NHD") -> Layout:
-    """E1 cross-layer ``(L, B, 2, N, H, D)`` with one backend's physical order (§A.2)."""
+    """E1 cross-layer ``(L, B, 2, N, H, D)`` with one backend's physical order (SPEC §14)."""
     return permuted("E1", f"cross-{order}", _LOGICAL_E1_CROSS, _lookup(E1_CROSS_LAYER_ORDERS, order))
 
 
 def kv_first(order: str = "NHD") -> Layout:
-    """E0 ``(2, B, N, H, D)`` (ROCM_ATTN), split by ``unbind(0)`` (§A.3)."""
+    """E0 ``(2, B, N, H, D)`` (ROCM_ATTN), split by ``unbind(0)`` (SPEC LAYOUT-E0)."""
     return permuted("E0", order, _LOGICAL_E0, _lookup(E1_STRIDE_ORDERS, order))
 
 
 def packed_content(order: str = "NHD", *, cross_layer: bool = False) -> Layout:
-    """E2 ``(B, H, N, 2·D)``: K‖V adjacent per (n, h) (§A.6)."""
+    """E2 ``(B, H, N, 2·D)``: K‖V adjacent per (n, h) (SPEC §14)."""
     if cross_layer:
         orders = {"NHD": (1, 0, 3, 2, 4), "HND": (1, 2, 0, 3, 4)}
         return permuted("E2", f"cross-{order}", _LOGICAL_E2_CROSS, _lookup(orders, order))
@@ -271,7 +271,7 @@ def packed_content(order: str = "NHD", *, cross_layer: bool = False) -> Layout:
 
 
 def legacy_paged(*, interleaved_v: bool = False) -> Layout:
-    """Legacy paged split (§A.4): K ``[B,H,D/x,N,x]``, V ``[B,H,D,N]`` or ``[B,H,N/x,D,x]``.
+    """Legacy paged split (SPEC LAYOUT-LEGACY): K ``[B,H,D/x,N,x]``, V ``[B,H,D,N]`` or ``[B,H,N/x,D,x]``.
 
     K and V are separate tensors in ROCM_ATTN; here they are the two planes of one
     kv-first allocation, which is also what the E0 container holds.
@@ -284,7 +284,7 @@ def legacy_paged(*, interleaved_v: bool = False) -> Layout:
 
 
 def aiter_shuffle(placement: str = "blocks_first", *, block_pad: int = 0) -> Layout:
-    """AITER shuffle (§A.5): per block side K ``[H,D/x,N,x]``, V ``[H,N/x,D,x]``.
+    """AITER shuffle (SPEC LAYOUT-SHUFFLE): per block side K ``[H,D/x,N,x]``, V ``[H,N/x,D,x]``.
 
     ``blocks_first``: K and V of a block adjacent, block stride ``2·H·D·N`` on both
     sides (E1, PR #43660); ``kv_first``: dense planes, block stride ``H·D·N``.
@@ -299,7 +299,7 @@ def aiter_shuffle(placement: str = "blocks_first", *, block_pad: int = 0) -> Lay
     )
 
 
-# KVCacheLayout member value = permutation of (L, B, H, N, C) (§A.7.2).
+# KVCacheLayout member value = permutation of (L, B, H, N, C) (SPEC LAYOUT-E3).
 E3_PERMUTATIONS = {
     "LBHNC": (0, 1, 2, 3, 4),
     "LBNHC": (0, 1, 3, 2, 4),
@@ -312,13 +312,13 @@ E3_ALIASES = {"NHD": "LBNHC", "HND": "LBHNC"}
 
 
 E3_TILES = {  # what a backend's kernels store inside one (block, slot) [N, H·D] region
-    "shuffle": (KEY_X_TILE, VALUE_X_TILE),  # AITER FA shuffle writer (§A.5)
-    "legacy": (KEY_X_TILE, VALUE_DN_TILE),  # ROCM_ATTN: PagedAttention.split_kv_cache views (§A.4)
+    "shuffle": (KEY_X_TILE, VALUE_X_TILE),  # AITER FA shuffle writer (SPEC LAYOUT-SHUFFLE)
+    "legacy": (KEY_X_TILE, VALUE_DN_TILE),  # ROCM_ATTN: PagedAttention.split_kv_cache views (SPEC LAYOUT-LEGACY)
 }
 
 
 def standardized(permutation: str, *, spec: str = "standard", tile: str | None = None, block_pad: int = 0) -> Layout:
-    """E3 ``[L, B, H, N, C]`` in one of the six permutations (§A.7).
+    """E3 ``[L, B, H, N, C]`` in one of the six permutations (SPEC LAYOUT-E3).
 
     ``spec="standard"``: H = num_kv_heads, C = K‖V of one (head, token).
     ``spec="two_slot"`` (AITER FA shuffle, ROCM_ATTN): H = 2 slots (K, V), C = all heads of

@@ -1,4 +1,4 @@
-"""The offset map and the layout facts derived from it (LAYOUT_SPEC §A, §A.7.2).
+"""The offset map and the layout facts derived from it (SPEC §1, §14).
 
 ``offset_map(layout, g)`` evaluates :meth:`Layout.offsets` on the whole logical grid: an
 int64 tensor of shape ``(L, B, 2, N, H, D)`` whose entry is the element offset of that

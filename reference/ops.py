@@ -1,4 +1,4 @@
-"""Reference cache operations (LAYOUT_SPEC §B), vectorised, on any layout.
+"""Reference cache operations (SPEC §4–§8), vectorised, on any layout.
 
 A cache here is a 1-D contiguous ``storage`` tensor (any dtype; typically a uint8 slice of a
 bigger buffer) plus the :class:`~reference.layouts.Layout` and
@@ -25,7 +25,7 @@ def storage_bits(storage: torch.Tensor, g: Geometry) -> torch.Tensor:
 
 
 def encode(x: torch.Tensor, g: Geometry, scale, head_dim: int = -2) -> torch.Tensor:
-    """Model values → cache dtype: bit copy for ``auto``, §B.4 quantisation for fp8 caches."""
+    """Model values → cache dtype: bit copy for ``auto``, FP8-ENCODE quantisation for fp8 caches."""
     if g.dtype in fp8.FP8_DTYPES:
         return fp8.quantize(x, 1.0 if scale is None else scale, g.dtype, head_dim)
     if x.dtype != g.dtype:
@@ -74,8 +74,8 @@ def reshape_and_cache(
 
     Token ``t < len(slot_mapping)`` with slot ``s ≥ 0`` goes to block ``b = s // N``, row
     ``n = s % N``; ``s < 0`` is padding and writes nothing; rows past ``len(slot_mapping)``
-    are ignored (§B.1). fp8 caches store ``quantize(x / scale)`` with per-tensor or ``[H]``
-    scales (§B.4).
+    are ignored (WRITE-PAD-1, WRITE-TOKENS). fp8 caches store ``quantize(x / scale)`` with per-tensor or ``[H]``
+    scales (FP8-ENCODE, FP8-SCALE).
     """
     H, D, N = g.num_kv_heads, g.head_size, g.block_size
     for name, tensor in (("key", key), ("value", value)):
@@ -156,17 +156,17 @@ def copy_blocks_between(
 
 
 def swap_out_blocks_to_host(device_storage, host_storage, layout: Layout, g: Geometry, src_ids, dst_ids, *, host_layout=None):
-    """Platform ``swap_out_blocks_to_host``: ``host[dst_ids] = device[src_ids]`` along blocks (§B.7)."""
+    """Platform ``swap_out_blocks_to_host``: ``host[dst_ids] = device[src_ids]`` along blocks (SWAP-DIM0)."""
     copy_blocks_between(device_storage, layout, host_storage, host_layout or layout, g, src_ids, dst_ids)
 
 
 def insert_blocks_to_device(host_storage, device_storage, layout: Layout, g: Geometry, src_ids, dst_ids, *, host_layout=None):
-    """Platform ``insert_blocks_to_device``: ``device[dst_ids] = host[src_ids]`` along blocks (§B.7)."""
+    """Platform ``insert_blocks_to_device``: ``device[dst_ids] = host[src_ids]`` along blocks (SWAP-DIM0)."""
     copy_blocks_between(host_storage, host_layout or layout, device_storage, layout, g, src_ids, dst_ids)
 
 
 def copy_blocks(storage: torch.Tensor, layout: Layout, g: Geometry, block_mapping: torch.Tensor) -> None:
-    """``copy_blocks``: for each ``[src, dst]`` row, copy the whole block in place (§B.7)."""
+    """``copy_blocks``: for each ``[src, dst]`` row, copy the whole block in place (COPY-WHOLE-BLOCK)."""
     mapping = torch.as_tensor(block_mapping, dtype=torch.int64).cpu()
     if mapping.dim() != 2 or mapping.shape[1] != 2:
         raise ValueError(f"block_mapping must be [pairs, 2], got {tuple(mapping.shape)}")

@@ -196,7 +196,7 @@ def render_markdown(coverage: Coverage, *, how: str) -> str:
         "",
         "## Clauses → checks",
         "",
-        "| clause | checks (cases run) |",
+        "| clause | checks (tests run) |",
         "|---|---|",
     ]
     for clause, checks in coverage.clauses.items():
@@ -210,11 +210,11 @@ def render_markdown(coverage: Coverage, *, how: str) -> str:
         lines += [
             "", f"## {column}", "",
             f"Declared: cache dtypes {', '.join(facts['cache_dtypes'])}; size classes {', '.join(facts['size_classes']) or '—'}; "
-            f"layouts {', '.join(f'`{lay}`' for lay in facts['layouts'])}.",
+            f"layouts {', '.join(f'`{lay}`' for lay in facts['layouts'])}.".replace("|", "\\|"),
             "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header),
         ]
         for (_, family, dtype, layout), row in coverage.rows_of(column):
-            cells = [family, dtype, f"`{layout}`", str(row.cases), *(_count(row.sizes[s]) for s in SIZE_CLASSES),
+            cells = [family, dtype, f"`{layout}`".replace("|", "\\|"), str(row.cases), *(_count(row.sizes[s]) for s in SIZE_CLASSES),
                      *(_count(row.values[v]) if is_fp8_label(dtype) else "—" for v in VALUE_CLASSES)]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -1,4 +1,4 @@
-"""Brute-force oracle: LAYOUT_SPEC formulas typed out per layout, evaluated with Python loops.
+"""Brute-force oracle: docs/SPEC.md §1 formulas typed out per layout, evaluated with Python loops.
 
 Deliberately independent of reference/: nothing here imports the layout algebra. Sizes
 must stay tiny.

@@ -83,7 +83,7 @@ def test_tiled_container_covers_the_same_elements():
         assert torch.equal(tiled, container), key
 
 
-# E3 strides of §A.7.2 in units of C: P = H·N·C, (sL, sB, sH, sN).
+# E3 strides of SPEC LAYOUT-E3 in units of C: P = H·N·C, (sL, sB, sH, sN).
 E3_STRIDE_TABLE = {
     "LBHNC": lambda L, B, H, N: (B * H * N, H * N, N, 1),
     "LBNHC": lambda L, B, H, N: (B * H * N, H * N, 1, H),
@@ -92,7 +92,7 @@ E3_STRIDE_TABLE = {
     "BLNHC": lambda L, B, H, N: (H * N, L * H * N, 1, H),
     "BHLNC": lambda L, B, H, N: (N, L * H * N, L * N, 1),
 }
-# (layer_compact, block_contiguous, block_compact, block_outermost) of §A.7.2.
+# (layer_compact, block_contiguous, block_compact, block_outermost) of SPEC §14.
 E3_PROPERTY_TABLE = {
     "LBHNC": (True, True, True, False),
     "LBNHC": (True, False, True, False),

@@ -96,7 +96,7 @@ def test_fp8_under_the_interpreter_is_not_applicable_with_the_reason(gfx942):
 
 @needs_vllm
 def test_unified_shuffle_on_gfx1250_fails_f18_and_a_vendor_can_gate_on_it(tmp_path):
-    """LAYOUT_SPEC F.18: on gfx1250 with the shuffled cache, ROCM_AITER_UNIFIED_ATTN unbinds dim 0
+    """SPEC F.18: on gfx1250 with the shuffled cache, ROCM_AITER_UNIFIED_ATTN unbinds dim 0
     of the [B, H, N, C] view — vLLM's own non-conformance. Without expectations the run fails;
     with docs/expectations/vllm-0.33.0.txt it is known (exit 0) and nothing else failed."""
     backend = "vllm:ROCM_AITER_UNIFIED_ATTN+shuffle"
@@ -119,7 +119,7 @@ def test_e1_era_blocks_first_declaration_passes(tmp_path):
 
 @needs_vllm
 def test_e1_era_kv_first_cache_breaks_vllms_platform_block_copies(tmp_path):
-    """LAYOUT_SPEC F.1: RocmPlatform.insert_blocks_to_device / swap_out_blocks_to_host index dim 0;
+    """SPEC F.1: RocmPlatform.insert_blocks_to_device / swap_out_blocks_to_host index dim 0;
     on ROCM_ATTN's E1-era (2, B, N, H, D) cache ids >= 2 raise and ids {0, 1} move whole planes."""
     backend = "tests.vllm_cpu.e1_era:kv_first_rocm_attn"
     run = suite(VLLM_PYTHON, tmp_path, *PLUGIN, "--backend", backend)

@@ -2,7 +2,7 @@
 
 vLLM 0.33.0 removed ``get_kv_cache_shape``; the E1 adapter branch still has to work for vendors
 on mid-2026 vLLM. These classes restate the E1-era *declarations* of three backends exactly as
-LAYOUT_SPEC §A.2/§A.3/§C.4 records them (shape, stride order, connector support) on top of
+docs/SPEC.md (LAYOUT-E1, LAYOUT-E0, §14) records them (shape, stride order, connector support) on top of
 vLLM 0.33.0's real ``AttentionBackend`` base (its ``validate_configuration``), so the adapter's
 E1 branch can be driven against vLLM's real platform block copies. They carry no kernels.
 """

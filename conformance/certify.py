@@ -1,0 +1,110 @@
+"""Certified runs: ``--kvc-certify DIR`` (or ``kvconform certify``).
+
+A certified run is the whole suite, as its version defines it, with nothing waived: no
+expectations file, no ``-k``/``-m``/``--deselect``/``-x``, the profile and seed pinned
+(``full``, 0). At the end every collected test must have a record, every record must be
+*passed* or *not applicable by the backend's declaration* (a run- or machine-kind reason —
+no GPU, too little memory, another ``--standard`` — is not a certification), an incomplete
+results document is refused, and no declared capability may have an empty coverage cell.
+Then the submission bundle is written to DIR (reports/submission.py); otherwise nothing is
+written, the reasons are printed and the run fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvconform.reports import submission
+
+from . import collection, options
+
+
+def pinned(config, opts: options.RunOptions) -> options.RunOptions:
+    """The options of a certified run, or a usage error naming everything certification forbids."""
+    refused = []
+    if opts.expectations or opts.update_expectations:
+        refused.append("--kvc-expectations / --kvc-update-expectations (a certified run waives no failure)")
+    if _given(config, "profile") and opts.profile != submission.PROFILE:
+        refused.append(f"--kvc-profile {opts.profile} (certified runs use {submission.PROFILE})")
+    if _given(config, "seed") and opts.seed != submission.SEED:
+        refused.append(f"--kvc-seed {opts.seed} (certified runs use {submission.SEED})")
+    if config.option.keyword or config.option.markexpr or config.getoption("deselect", None) or config.option.maxfail:
+        refused.append("-k / -m / --deselect / -x (a certified run runs every check)")
+    outside = [arg for arg in config.args if not _whole_suite(arg, config)]
+    if outside:
+        refused.append(f"{' '.join(outside)} (a certified run collects the whole {collection.SUITE}, nothing more or less)")
+    if refused:
+        raise pytest.UsageError("--kvc-certify refuses " + "; ".join(refused))
+    return dataclasses.replace(opts, profile=submission.PROFILE, seed=submission.SEED)
+
+
+def _given(config, name: str) -> bool:
+    """Whether the command line sets option NAME (by either spelling), default value or not."""
+    return any(arg.split("=", 1)[0] in (f"--kvc-{name}", f"--{name}") for arg in config.invocation_params.args)
+
+
+def _whole_suite(arg: str, config) -> bool:
+    if config.option.pyargs and arg == collection.SUITE:
+        return True
+    try:
+        return (config.invocation_params.dir / arg).resolve() == collection.suite_dir()
+    except (OSError, ValueError):
+        return False
+
+
+def suite_test_id(nodeid: str) -> str | None:
+    """The suite's test id of a pytest node id (xdist reports node ids to the controller)."""
+    path, sep, name = nodeid.partition("::")
+    file = Path(path).name
+    return f"conformance/{file}::{name}" if sep and file.startswith("test_") else None
+
+
+class Certifier:
+    """A pytest plugin object on the controller: the collected ids, then the verdict and bundle."""
+
+    def __init__(self, run):
+        self.run = run
+        self.collected: set[str] = set()
+        self.problems: list[str] = []
+        self.checksum: str | None = None
+
+    @pytest.hookimpl(trylast=True)  # after the suite's own hook has given every item its test id
+    def pytest_collection_modifyitems(self, items):
+        self.collected |= {dict(item.user_properties)["test_id"] for item in items if "test_id" in dict(item.user_properties)}
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        self.collected |= {test_id for test_id in map(suite_test_id, ids) if test_id}
+
+    @pytest.hookimpl(trylast=True)  # after the recorder has its records
+    def pytest_sessionfinish(self, session):
+        from .digests import header
+        from .must_pass import must_pass
+
+        recorder = session.config.pluginmanager.get_plugin("kvconform-results")
+        document = recorder.document()
+        self.problems = submission.certification_problems(document, sorted(self.collected))
+        if not self.collected:
+            self.problems.append("no test was collected")
+        if self.problems:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            return
+        argv = [sys.executable, "-m", "pytest", *session.config.invocation_params.args]
+        command = {"argv": argv, "line": shlex.join(argv), "cwd": str(session.config.invocation_params.dir)}
+        self.checksum = submission.write_bundle(self.run.options.certify, document, collected=sorted(self.collected),
+                                                must_pass=must_pass(), command=command, digests_header=header())
+
+    def pytest_terminal_summary(self, terminalreporter):
+        terminalreporter.write_sep("=", "kvconform certification")
+        if self.checksum:
+            terminalreporter.write_line(f"kvconform: CERTIFIED; bundle {os.path.abspath(self.run.options.certify)} (sha256 of SHA256SUMS {self.checksum})", green=True)
+            return
+        terminalreporter.write_line(f"kvconform: NOT CERTIFIED ({len(self.problems)} problems); no bundle written", red=True)
+        for problem in self.problems:
+            terminalreporter.write_line(f"  {problem}")

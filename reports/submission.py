@@ -1,0 +1,216 @@
+"""Submission bundles: what a certified run hands over, and how a receiver re-checks it.
+
+A bundle is a directory (``kvconform-submission/1``)::
+
+    manifest.json    suite version, profile, seed, the exact command, the bundle's files
+    results.json     the run's results document (kvconform-results/1)
+    environment.json the run's environment plus the machine's installed packages
+    capabilities.json  each backend's declared capabilities
+    coverage.json    the coverage table of the run (COVERAGE.md: the same, for people)
+    digests.json     the golden-case digests (kvconform-digests/1, for --compare-digests)
+    collected.txt    every test id the run collected
+    must_pass.txt    the suite's must-pass checks at certification
+    SHA256SUMS       sha256 of every other file (``sha256sum -c`` reads it)
+
+The sha256 of SHA256SUMS is the bundle's checksum. :func:`verify` re-checks a bundle against
+the receiver's kvconform (same suite version): checksums, schemas, the pinned profile and
+seed, that every collected test has a record, that every must-pass check has a record for
+every backend, that every outcome is passed or not applicable by the backend's declaration,
+that no declared capability has an empty coverage cell, and that the derived files agree
+with the results. It names everything it finds missing or wrong. Checksums prove integrity,
+not authorship: a bundle is not signed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+
+from . import coverage as C
+from .results import SCHEMA, package_version, write_atomically
+
+BUNDLE_SCHEMA = "kvconform-submission/1"
+PROFILE, SEED = "full", 0  # what a certified run is pinned to
+SUMS = "SHA256SUMS"
+FILES = ("manifest.json", "results.json", "environment.json", "capabilities.json", "coverage.json", "COVERAGE.md",
+         "digests.json", "collected.txt", "must_pass.txt")
+DIGEST_SCHEMA = "kvconform-digests/1"
+SHOWN = 20  # problems of one kind listed before "… N more"
+
+
+def certification_problems(document: dict, collected: list[str]) -> list[str]:
+    """Why this results document cannot be certified (empty: it can)."""
+    problems = []
+    completion = document.get("completion")
+    if completion is not None and not completion.get("complete", False):
+        problems.append(f"the run is incomplete: {json.dumps(completion, sort_keys=True)}")
+    problems += _shown("outcome", [f"{r['nodeid']}: {_outcome(r)}" for r in document["tests"] if not allowed(r)])
+    ids = {r["nodeid"] for r in document["tests"]}
+    problems += _shown("no record", [test_id for test_id in collected if test_id not in ids])
+    problems += _shown("coverage hole", [str(hole) for hole in C.build([document]).holes])
+    return problems
+
+
+def allowed(record: dict) -> bool:
+    """Passed, or not applicable because the backend declares it does not do this."""
+    if record["outcome"] == "passed":
+        return True
+    return record["outcome"] == "not-applicable" and (record.get("not_applicable") or {}).get("kind") == "declaration"
+
+
+def _outcome(record: dict) -> str:
+    reason = record.get("not_applicable")
+    return f"{record['outcome']} ({reason['kind']}: {reason['who']} {reason['what']})" if reason else record["outcome"]
+
+
+def _shown(kind: str, items: list[str]) -> list[str]:
+    out = [f"{kind}: {item}" for item in items[:SHOWN]]
+    if len(items) > SHOWN:
+        out.append(f"{kind}: … {len(items) - SHOWN} more")
+    return out
+
+
+def _dump(data) -> str:
+    return json.dumps(data, indent=1, sort_keys=True, default=str) + "\n"
+
+
+def sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def digest_entries(document: dict) -> list[dict]:
+    """The digest file entries of a results document (what ``--export-digests`` writes)."""
+    return [{"backend": r["backend"], "platform": r.get("platform"), "arch": r.get("arch"), **r["digest"]} for r in document["tests"] if r.get("digest")]
+
+
+def write_bundle(directory: str, document: dict, *, collected: list[str], must_pass: list[str], command: dict, digests_header: dict) -> str:
+    """Write a submission bundle for a certified run; returns the bundle checksum. ``digests_header``:
+    the suite's digest-file header, so digests.json works with ``--compare-digests``."""
+    os.makedirs(directory, exist_ok=True)
+    environment = document["environment"]
+    table = C.build([document])
+    packages = sorted(f"{d.metadata['Name']}=={d.version}" for d in _distributions())
+    texts = {
+        "results.json": _dump(document),
+        "environment.json": _dump({**environment, "machine": platform.platform(), "python_executable": sys.executable, "packages": packages}),
+        "capabilities.json": _dump({name: facts.get("declared") for name, facts in environment["backends"].items()}),
+        "coverage.json": _dump(coverage_data(table)),
+        "COVERAGE.md": C.render_markdown(table, how=f"A certified run ({command['line']})."),
+        "digests.json": _dump({**digests_header, "entries": digest_entries(document)}),
+        "collected.txt": "".join(f"{test_id}\n" for test_id in sorted(collected)),
+        "must_pass.txt": "".join(f"{check}\n" for check in must_pass),
+    }
+    texts["manifest.json"] = _dump({
+        "schema": BUNDLE_SCHEMA, "suite_version": environment["suite_version"], "profile": environment["profile"],
+        "seeds": [environment["seed"]], "command": command, "backends": sorted(environment["backends"]),
+        "files": sorted([*texts, "manifest.json"]),
+    })
+    for name, text in texts.items():
+        write_atomically(os.path.join(directory, name), text)
+    sums = "".join(f"{sha256_file(os.path.join(directory, name))}  {name}\n" for name in sorted(texts))
+    write_atomically(os.path.join(directory, SUMS), sums)
+    return sha256_file(os.path.join(directory, SUMS))
+
+
+def _distributions():
+    import importlib.metadata
+
+    return [d for d in importlib.metadata.distributions() if d.metadata["Name"]]
+
+
+def coverage_data(table: C.Coverage) -> dict:
+    """The coverage table as JSON: rows, declared facts, holes and clause → checks."""
+    return {
+        "rows": [{"column": k[0], "family": k[1], "cache_dtype": k[2], "layout": k[3], "cases": r.cases,
+                  "sizes": dict(sorted(r.sizes.items())), "values": dict(sorted(r.values.items()))} for k, r in sorted(table.rows.items())],
+        "declared": table.declared, "holes": [str(h) for h in table.holes], "clauses": table.clauses,
+    }
+
+
+# ----------------------------------------------------------------------------- verification
+def _read(directory: str, name: str):
+    with open(os.path.join(directory, name), encoding="utf-8") as fh:
+        return json.load(fh) if name.endswith(".json") else fh.read()
+
+
+def verify(directory: str, must_pass: list[str], suite_version: str | None = None) -> list[str]:
+    """Everything wrong with a bundle (empty: it is accepted). ``must_pass``: this suite's checks."""
+    suite_version = suite_version or package_version("kvconform") or "unknown"
+    if not os.path.isdir(directory):
+        return [f"{directory}: not a bundle directory"]
+    problems = _checksum_problems(directory)
+    readable = {}
+    for name in FILES:
+        try:
+            readable[name] = _read(directory, name)
+        except (OSError, json.JSONDecodeError) as exc:
+            problems.append(f"unreadable: {name} ({exc})")
+    if any(name not in readable for name in ("manifest.json", "results.json")):
+        return problems
+    manifest, document = readable["manifest.json"], readable["results.json"]
+    if manifest.get("schema") != BUNDLE_SCHEMA:
+        problems.append(f"manifest.json: schema {manifest.get('schema')!r} is not {BUNDLE_SCHEMA!r}")
+    if manifest.get("suite_version") != suite_version:
+        problems.append(f"manifest.json: bundle from kvconform {manifest.get('suite_version')}; this is {suite_version} (verify with the same version)")
+    if document.get("schema") != SCHEMA or "tests" not in document or "environment" not in document:
+        return problems + [f"results.json: not a {SCHEMA} document"]
+    environment = document["environment"]
+    if (environment.get("profile"), environment.get("seed")) != (PROFILE, SEED):
+        problems.append(f"results.json: profile {environment.get('profile')!r} seed {environment.get('seed')!r}; a certified run uses profile {PROFILE!r} seed {SEED}")
+    collected = readable.get("collected.txt", "").split()
+    problems += certification_problems(document, collected)
+    problems += _shown("collected.txt", [f"record of a test the run did not collect: {r['nodeid']}" for r in document["tests"] if r["nodeid"] not in set(collected)])
+    problems += _must_pass_problems(document, readable.get("must_pass.txt", "").split(), must_pass)
+    problems += _derived_problems(readable, document)
+    return problems
+
+
+def _checksum_problems(directory: str) -> list[str]:
+    try:
+        lines = _read(directory, SUMS).splitlines()
+    except OSError:
+        return [f"missing file: {SUMS}"]
+    listed = {}
+    for line in lines:
+        digest, _, name = line.partition("  ")
+        listed[name] = digest
+    problems = [f"missing from {SUMS}: {name}" for name in FILES if name not in listed]
+    for name, digest in sorted(listed.items()):
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            problems.append(f"missing file: {name}")
+        elif sha256_file(path) != digest:
+            problems.append(f"checksum mismatch: {name} (the file was changed after certification)")
+    problems += [f"file not in {SUMS}: {name}" for name in sorted(os.listdir(directory)) if name not in listed and name != SUMS]
+    return problems
+
+
+def _must_pass_problems(document: dict, bundled: list[str], must_pass: list[str]) -> list[str]:
+    problems = []
+    if bundled != must_pass:
+        problems.append(f"must_pass.txt differs from this suite's must-pass list (missing {sorted(set(must_pass) - set(bundled))}, "
+                        f"extra {sorted(set(bundled) - set(must_pass))})")
+    checks = {(r["backend"], C.check_of(r)) for r in document["tests"]}
+    missing = [f"backend {b}: {check}" for b in sorted(document["environment"]["backends"]) for check in must_pass if (b, check) not in checks]
+    return problems + _shown("must-pass check without a record", missing)
+
+
+def _derived_problems(readable: dict, document: dict) -> list[str]:
+    """The files derived from the results must say what the results say."""
+    environment = document["environment"]
+    expected = {
+        "capabilities.json": {name: facts.get("declared") for name, facts in environment["backends"].items()},
+        "coverage.json": json.loads(_dump(coverage_data(C.build([document])))),
+    }
+    problems = [f"{name} does not match results.json" for name, data in expected.items() if name in readable and readable[name] != data]
+    digests = readable.get("digests.json")
+    if digests is not None and (digests.get("schema") != DIGEST_SCHEMA or digests.get("entries") != json.loads(_dump(digest_entries(document)))):
+        problems.append("digests.json does not match the digests in results.json")
+    return problems
