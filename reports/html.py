@@ -6,6 +6,8 @@ import time
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from .coverage import SIZE_CLASSES, VALUE_CLASSES, is_fp8_label
+from .coverage import build as build_coverage
 from .equivalence import equivalence_matrix
 from .matrix import build
 from .mutation import kill_rates
@@ -26,5 +28,6 @@ def render_runs(documents: list[dict]) -> str:
         mutants=mutants, kill_families=families,
         runs=documents, matrix=build(documents), cell_text=cell_text, byte_map_svg=byte_map_svg,
         failing=FAILING, stale=stale, total=sum(len(d["tests"]) for d in documents),
+        coverage=build_coverage(documents), size_classes=SIZE_CLASSES, value_classes=VALUE_CLASSES, is_fp8_label=is_fp8_label,
         generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     )
