@@ -560,9 +560,10 @@ class Fp8NanSaturatesToMax(Mutant):
         place_rows(cache, spec, slot_mapping, rows)
 
 
-class Fp8RoundsThroughFp16(Mutant):
-    """Converts ``x / scale`` to fp16 first, then to fp8 (``__float2half`` + a half→fp8
-    conversion): double rounding turns values a hair off a tie into ties (FP8-ENCODE)."""
+class Fp8NearTiesRoundedAsTies(Mutant):
+    """A software round-to-nearest-even that calls a value a tie when it is within 2^-19 of one
+    (a tolerance "for division error"): values a hair off a tie go to the even code instead of
+    the nearer one (FP8-ENCODE near-ties)."""
 
     catches = ("write",)
 
@@ -570,7 +571,18 @@ class Fp8RoundsThroughFp16(Mutant):
         g = spec.geometry
         if g.dtype not in R.fp8.FP8_DTYPES:
             return super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
-        rows = [R.fp8.quantize(scaled(x, scale).half().float(), 1.0, g.dtype) for x, scale in ((key, k_scale), (value, v_scale))]
+        fmt = R.fp8.fp8_format(g.dtype)
+        grid = R.fp8.decode_codes(torch.arange(256, dtype=torch.uint8), fmt)
+        grid = torch.unique(grid[torch.isfinite(grid) & (grid >= 0)])  # index i holds code i: its parity is the code's
+        rows = []
+        for x, scale in ((key, k_scale), (value, v_scale)):
+            y = scaled(x, scale).cpu()
+            a = y.abs()
+            upper = torch.searchsorted(grid, a.nan_to_num(0.0).clamp(max=fmt.max_finite)).clamp(1, grid.numel() - 1)
+            tie = (grid[upper - 1] + grid[upper]) / 2
+            near = (a != tie) & ((a - tie).abs() <= tie * 2.0**-19)
+            even = torch.where(upper % 2 == 0, grid[upper], grid[upper - 1])
+            rows.append(R.fp8.quantize(torch.where(near, torch.copysign(even, y), y), 1.0, g.dtype).to(x.device))
         place_rows(cache, spec, slot_mapping, rows)
 
 
@@ -784,7 +796,7 @@ MUTANTS = {
     "shuffle_dense_block_stride": ShuffleDenseBlockStride,
     "e3_cross_layer_packed_layer_outermost": CrossLayerPackedLayerOutermost,
     "fp8_nan_saturates_to_max": Fp8NanSaturatesToMax,
-    "fp8_rounds_through_fp16": Fp8RoundsThroughFp16,
+    "fp8_near_ties_rounded_as_ties": Fp8NearTiesRoundedAsTies,
     "write_block_index_by_shift": BlockIndexByShift,
     "write_head_stride_power_of_two": HeadStridePowerOfTwo,
     "swap_block_bytes_for_two_byte_elements": SwapBlockBytesForTwoByteElements,

@@ -1,0 +1,66 @@
+"""The large-cache probes compare lazily mapped arenas exactly: a byte changed anywhere is found
+by the touched-pages comparison, and the fp8 comparison accepts any NaN code for a NaN
+(SPEC FP8-NAN) but nothing else."""
+
+import types
+
+import pytest
+import torch
+
+from kvconform import reference as R
+from kvconform.backends_under_test.contract import CacheSpec
+from kvconform.conformance.assertions import ConformanceFailure, assert_bytes_equal
+from kvconform.conformance.big_caches import PAGE, LazyArena, assert_arenas_equal, lazy_zeros, touched_pages
+from kvconform.conformance.harness import GUARD, Arena
+
+CASE = types.SimpleNamespace(layout=None, repro="repro-line")
+
+
+def lazy_arena(spec: CacheSpec) -> LazyArena:
+    return LazyArena(lazy_zeros(2 * GUARD + spec.layout.nbytes(spec.geometry)), spec)
+
+
+def spec_of(num_blocks: int, dtype=torch.float8_e4m3fn) -> CacheSpec:
+    g = R.Geometry(num_blocks=num_blocks, block_size=16, num_kv_heads=1, head_size=16, dtype=dtype)
+    return CacheSpec(layout=R.blocks_first("NHD"), geometry=g, kv_cache_dtype="fp8")
+
+
+def test_touched_pages_are_the_pages_written_and_only_those():
+    buffer = lazy_zeros(64 * PAGE)
+    buffer[5 * PAGE + 3] = 1
+    buffer[40 * PAGE] = 2
+    assert touched_pages(buffer).tolist() == [5, 40]
+
+
+def test_a_stray_byte_far_from_every_written_row_is_found():
+    spec = spec_of(num_blocks=1 << 14)  # 8 MiB: many pages nobody writes
+    actual, expected = lazy_arena(spec), lazy_arena(spec)
+    for arena in (actual, expected):
+        arena.region[100] = 7
+    actual.region[spec.layout.nbytes(spec.geometry) // 2 + 11] = 9
+    with pytest.raises(ConformanceFailure) as failure:
+        assert_arenas_equal("write", CASE, expected, actual, "stray byte")
+    assert failure.value.details["differing_elements"] == 1
+    assert "block=8192" in failure.value.details["mismatches"][0]["where"]
+
+
+def test_identical_lazy_arenas_compare_equal():
+    spec = spec_of(num_blocks=1 << 12)
+    actual, expected = lazy_arena(spec), lazy_arena(spec)
+    for arena in (actual, expected):
+        arena.region[-1] = 5
+    assert_arenas_equal("write", CASE, expected, actual)
+
+
+@pytest.mark.parametrize("code, equal", [(0xFF, True), (0x7F, True), (0x7E, False)], ids=["negative-nan", "same-nan", "max-for-nan"])
+def test_any_nan_code_stands_for_a_nan_and_a_finite_code_does_not(code, equal):
+    spec = spec_of(num_blocks=4)
+    buffer = torch.zeros(2 * GUARD + spec.layout.nbytes(spec.geometry), dtype=torch.uint8)
+    expected, actual = Arena(buffer, spec), Arena(buffer.clone(), spec)
+    expected.region[33] = 0x7F
+    actual.region[33] = code
+    if equal:
+        assert_bytes_equal("write", CASE, expected, actual)
+    else:
+        with pytest.raises(ConformanceFailure):
+            assert_bytes_equal("write", CASE, expected, actual)
