@@ -73,13 +73,8 @@ def note_write(case, spec: CacheSpec, key, value, slot_mapping, k_scale, v_scale
     names = set()
     for x, scale in ((key, k_scale), (value, v_scale)):
         rows_written = x[: slots.numel()].cpu()[written]
-        names |= set(value_classes(rows_written.float() / _per_head(scale, rows_written), g.dtype))
+        names |= set(value_classes(rows_written.float() / R.fp8._scale_like(scale, rows_written, 1).cpu(), g.dtype))
     _add(entry, "values", sorted(names))
-
-
-def _per_head(scale, x: torch.Tensor) -> torch.Tensor:
-    scale = torch.as_tensor(scale, dtype=torch.float32).cpu().flatten()
-    return scale.reshape(()) if scale.numel() == 1 else scale.reshape(1, -1, 1)
 
 
 @functools.cache

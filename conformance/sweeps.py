@@ -55,6 +55,7 @@ class SizeClass:
 
 
 def cache_dtypes(backend: Backend, layout=None, *, fp8_only: bool = False) -> list[CacheDtype]:
+    """The declared cache dtypes (those ``layout`` can hold, given one)."""
     caps = backend.capabilities
     found = []
     for kv in caps.kv_cache_dtypes:
@@ -62,11 +63,13 @@ def cache_dtypes(backend: Backend, layout=None, *, fp8_only: bool = False) -> li
         if fp8_only and not fp8:
             continue
         for model in caps.dtypes[:1] if fp8 else caps.dtypes:
-            found.append(CacheDtype(kv, model, cache_dtype_label(kv, str(backend.cache_dtype(kv, model)))))
+            storage = backend.cache_dtype(kv, model)
+            if layout is None or _holds(backend, layout, storage):
+                found.append(CacheDtype(kv, model, cache_dtype_label(kv, str(storage))))
     return found
 
 
-def fp8_cache_dtypes(backend: Backend, layout=None) -> list[CacheDtype]:
+def fp8_cache_dtypes(backend: Backend, layout) -> list[CacheDtype]:
     return cache_dtypes(backend, layout, fp8_only=True)
 
 
@@ -90,12 +93,13 @@ def size_classes(backend: Backend, layout) -> list[SizeClass]:
     return found
 
 
-def _holds(backend: Backend, layout, **override) -> bool:
-    """Can the layout hold a geometry with this one size (the rest declared, the first dtype)?"""
+def _holds(backend: Backend, layout, dtype=None, **override) -> bool:
+    """Can the layout hold a cache of this storage dtype (default: the first declared) with
+    this one size (the others: the first declared)?"""
     caps = backend.capabilities
     kv = "auto" if "auto" in caps.kv_cache_dtypes else caps.kv_cache_dtypes[0]
     g = R.Geometry(**{"num_blocks": 4, "block_size": caps.block_sizes[0], "num_kv_heads": caps.num_kv_heads[0], "head_size": caps.head_sizes[0],
-                      "dtype": backend.cache_dtype(kv, caps.dtypes[0]), **override})
+                      "dtype": dtype or backend.cache_dtype(kv, caps.dtypes[0]), **override})
     try:
         layout.validate(g)
     except ValueError:
@@ -114,6 +118,7 @@ def declared(backend: Backend) -> dict:
         "head_sizes": list(caps.head_sizes), "block_sizes": list(caps.block_sizes), "num_kv_heads": list(caps.num_kv_heads),
         "num_layers": list(caps.num_layers), "scale_types": list(caps.scale_types),
         "cache_dtypes": [c.label for c in cache_dtypes(backend)],
+        "layout_cache_dtypes": {str(layout): [c.label for c in cache_dtypes(backend, layout)] for layout in caps.layouts},
         "size_classes": [name for name in ("h=1", "h=2", "h!=2^k", "d!=2^k", "n!=2^k", "l>=3") if name in sizes] + list(ADDRESS_CLASSES),
     }
 

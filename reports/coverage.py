@@ -160,8 +160,9 @@ def holes_of(coverage: Coverage, column: str) -> list[Hole]:
         if need.cache_dtypes:
             layouts = sorted({key[3] for key, _ in mine})
             present = {(key[2], key[3]) for key, row in mine if row.cases}
+            held = facts.get("layout_cache_dtypes", {})  # what each layout can hold of the declared dtypes
             found += [Hole(column, family, f"no case of {label} on {layout}")
-                      for layout in layouts for label in facts["cache_dtypes"] if (label, layout) not in present]
+                      for layout in layouts for label in held.get(layout, facts["cache_dtypes"]) if (label, layout) not in present]
         sizes = Counter()
         for _, row in mine:
             sizes.update(row.sizes)
