@@ -106,7 +106,7 @@ class Case:
         """A guarded, random-filled (or zeroed) arena with the backend's cache built over its middle."""
         nbytes = spec.layout.nbytes(spec.geometry)
         if zero or nbytes > HUGE_BYTES and self.device == "cpu":
-            data = torch.zeros(2 * GUARD + nbytes, dtype=torch.uint8)  # lazily mapped pages: only what is touched costs
+            data = torch.zeros(2 * GUARD + nbytes, dtype=torch.uint8)  # fully allocated (lazily mapped arenas: big_caches.py)
         else:
             fill_device = self.device if nbytes > HUGE_BYTES and not host else "cpu"
             gen = torch.Generator(fill_device).manual_seed(self.seed * 7919 + seed_offset)
