@@ -26,9 +26,10 @@ def logical_grid(g: Geometry, blocks=None) -> dict[str, torch.Tensor]:
     shape = logical_shape(g)
     grid = {}
     for axis, (name, size) in enumerate(zip(LOGICAL_DIMS, shape)):
-        values = torch.arange(size, dtype=torch.int64)
         if name == "block" and blocks is not None:
             values = torch.as_tensor(blocks, dtype=torch.int64).flatten().cpu()
+        else:
+            values = torch.arange(size, dtype=torch.int64)
         view = [1] * len(shape)
         view[axis] = values.numel()
         grid[name] = values.view(view)
