@@ -348,7 +348,8 @@ def case(request, case_param):
 
 @pytest.fixture
 def exported_digests(request):
-    """The digest file given with --kvc-compare-digests (loaded and checked at start-up)."""
+    """The digest file given with --kvc-compare-digests (loaded and checked at start-up); in a
+    certified run without one, the reference's digests of the backends' layouts."""
     return request.config.stash[RUN].compare
 
 
