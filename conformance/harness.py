@@ -63,6 +63,7 @@ class Case:
         self.record("layout", str(spec.layout))
         self.record("geometry", g.short())
         self.record("kv_cache_dtype", kv_cache_dtype)
+        self.record("model_dtype", str(model_dtype))
         return spec
 
     def geometry(self, *, kv_cache_dtype="auto", model_dtype=torch.bfloat16, num_blocks=6, block_size=None, num_kv_heads=None, head_size=None, num_layers=1) -> R.Geometry:

@@ -82,6 +82,7 @@ class SuiteRun:
     backends: dict  # name -> registry.Loaded
     expectations: list
     compare: dict | None
+    left_out: dict = dataclasses.field(default_factory=dict)  # default built-ins that cannot run here -> why
 
     @classmethod
     def start(cls, config) -> "SuiteRun":
@@ -95,6 +96,13 @@ class SuiteRun:
         from kvconform.reports import expectations
 
         opts = options.RunOptions.from_config(config, "cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            options.validate(opts)
+        except options.OptionError as exc:
+            raise pytest.UsageError(str(exc)) from exc
+        controller = not hasattr(config, "workerinput")  # xdist workers send their reports to the controller
+        if controller:
+            _check_outputs(config, opts)
         # Hypothesis' scratch files go beside the results, never into the caller's tree or site-packages.
         set_hypothesis_home_dir(os.path.join(os.path.dirname(os.path.abspath(opts.json_path)), ".hypothesis"))
         profiles = {
@@ -111,11 +119,17 @@ class SuiteRun:
             known = expectations.parse(opts.expectations) if opts.expectations else []
         except expectations.ExpectationsError as exc:
             raise pytest.UsageError(f"--kvc-expectations: {exc}") from exc
-        run = cls(options=opts, backends=_load_backends(opts.backends), expectations=known, compare=_load_compare(opts.compare_digests))
-        if not hasattr(config, "workerinput"):  # xdist workers send their reports to the controller
+        backends, left_out = _load_backends(opts.backends)
+        run = cls(options=opts, backends=backends, expectations=known, compare=_load_compare(opts.compare_digests), left_out=left_out)
+        if controller:
+            from .outputs import OutputError, ResultsLock
             from .recorder import ResultRecorder, environment
 
-            config.pluginmanager.register(ResultRecorder(run, environment(run, run.backend_facts())), "kvconform-results")
+            try:
+                lock = ResultsLock.acquire(opts.json_path)  # last: nothing below can refuse the run
+            except OutputError as exc:
+                raise pytest.UsageError(str(exc)) from exc
+            config.pluginmanager.register(ResultRecorder(run, environment(run, run.backend_facts()), lock), "kvconform-results")
         return run
 
     def backend_facts(self) -> dict:
@@ -139,7 +153,32 @@ def _bf16():
     return torch.bfloat16
 
 
-def _load_backends(names: tuple[str, ...]) -> dict:
+def _check_outputs(config, opts: options.RunOptions) -> None:
+    """Every output path writable (outputs.py) and the expectations update unambiguous, before any test runs."""
+    from kvconform.reports import expectations
+
+    from .outputs import OutputError, check_writable
+
+    html = opts.html_path or os.path.splitext(opts.json_path)[0] + ".html"
+    paths = [("--kvc-json", opts.json_path), ("--kvc-html", html), ("--kvc-update-expectations", opts.update_expectations),
+             ("--kvc-export-digests", opts.export_digests), ("--junitxml", getattr(config.option, "xmlpath", None))]
+    try:
+        for option, path in paths:
+            if path:
+                check_writable(option, path)
+        target = opts.update_expectations
+        if target and os.path.exists(target):
+            if opts.expectations and not (os.path.exists(opts.expectations) and os.path.samefile(target, opts.expectations)):
+                raise OutputError(f"--kvc-update-expectations {target}: exists and is not the --kvc-expectations file "
+                                  f"{opts.expectations}; which entries to keep would be ambiguous. Pass the same file to update "
+                                  "it in place, or a path that does not exist yet")
+            expectations.parse(target)  # a file kvconform cannot read is never rewritten
+    except (OutputError, expectations.ExpectationsError) as exc:
+        raise pytest.UsageError(str(exc)) from exc
+
+
+def _load_backends(names: tuple[str, ...]) -> tuple[dict, dict]:
+    """The backends to run, and the default built-ins left out because they cannot load here."""
     from kvconform.backends_under_test import registry
 
     explicit = bool(names)
@@ -152,8 +191,10 @@ def _load_backends(names: tuple[str, ...]) -> dict:
         )
     loaded = {name: registry.load(name) for name in names}
     if not explicit:  # the default is every built-in that can run here
-        loaded = {n: l for n, l in loaded.items() if l.backend is not None} or loaded
-    return loaded
+        runnable = {n: l for n, l in loaded.items() if l.backend is not None}
+        if runnable:
+            return runnable, {n: l.unavailable or l.error for n, l in loaded.items() if n not in runnable}
+    return loaded, {}
 
 
 def _load_compare(path):
