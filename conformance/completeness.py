@@ -16,8 +16,9 @@ from . import collection
 INTERRUPTED, INTERNAL_ERROR = 2, 3  # pytest.ExitCode values
 
 
-def filters(config) -> list[dict]:
-    """Options and arguments of this invocation that select a part of the suite."""
+def filters(config, deselected: int = 0) -> list[dict]:
+    """Options and arguments of this invocation that select a part of the suite; ``deselected``
+    counts the checks deselected by anything (a plugin or conftest too)."""
     option = config.option
     found = []
     if getattr(option, "markexpr", ""):
@@ -32,9 +33,30 @@ def filters(config) -> list[dict]:
     for arg in config.args:
         if collection.targets_suite(arg, option.pyargs, invocation) and not collection.names_whole_suite(arg, option.pyargs, invocation):
             found.append(f"argument {shlex.quote(str(arg))}")
-    if not found:
+    if not found and not deselected:
         return []
-    return [{"kind": "filtered", "what": f"{', '.join(found)} select{'s' if len(found) == 1 else ''} part of the suite"}]
+    counted = f" ({deselected} checks deselected)" if deselected else ""
+    if not found:
+        return [{"kind": "filtered", "what": f"{deselected} checks deselected by a plugin or conftest"}]
+    return [{"kind": "filtered", "what": f"{', '.join(found)} select{'s' if len(found) == 1 else ''} part of the suite{counted}"}]
+
+
+def count_checks(items) -> int:
+    return sum(1 for item in items if collection.is_check_file(item.path))
+
+
+class DeselectionTally:
+    """On an xdist worker: how many checks it deselected, sent to the controller with the
+    worker's output (the controller collects nothing itself)."""
+
+    KEY = "kvconform_deselected"
+
+    def __init__(self, config):
+        self.config = config
+
+    def pytest_deselected(self, items):
+        output = self.config.workeroutput
+        output[self.KEY] = output.get(self.KEY, 0) + count_checks(items)
 
 
 def stops(session, exitstatus: int, collect_errors: list[str]) -> list[dict]:

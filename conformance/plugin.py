@@ -103,6 +103,10 @@ class SuiteRun:
         controller = not hasattr(config, "workerinput")  # xdist workers send their reports to the controller
         if controller:
             _check_outputs(config, opts)
+        else:
+            from .completeness import DeselectionTally
+
+            config.pluginmanager.register(DeselectionTally(config), "kvconform-deselected")
         # Hypothesis' scratch files go beside the results, never into the caller's tree or site-packages.
         set_hypothesis_home_dir(os.path.join(os.path.dirname(os.path.abspath(opts.json_path)), ".hypothesis"))
         profiles = {

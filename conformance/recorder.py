@@ -20,6 +20,7 @@ import platform
 import re
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 
@@ -139,6 +140,7 @@ class ResultRecorder:
         self.stale_expectations: list[dict] = []
         self.selected: set[str] | None = None  # node ids of the kvconform tests this run selected
         self.collect_errors: list[str] = []
+        self.deselected = 0  # checks deselected by anything (-m, -k, a plugin)
         self.completion: dict = {"complete": False, "reasons": [{"kind": "running", "what": "the run has not finished"}]}
         self.notes: list[tuple[str, str]] = []  # (style, line) for the terminal summary
         self.written = False
@@ -152,11 +154,17 @@ class ResultRecorder:
         if session.items:  # xdist's controller collects nothing: its workers report below
             self.selected = {item.nodeid for item in session.items if "test_id" in dict(item.user_properties)}
 
+    def pytest_deselected(self, items):
+        self.deselected += completeness.count_checks(items)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):
+        self.deselected = max(self.deselected, getattr(node, "workeroutput", {}).get(completeness.DeselectionTally.KEY, 0))
+
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids):
-        if self.selected is None:
-            root = node.config.rootpath
-            self.selected = {i for i in ids if collection.is_check_file(root / i.split("::")[0])}
+        if self.selected is None:  # node ids name the check module relative to where pytest found it
+            self.selected = {i for i in ids if collection.is_check_file(collection.suite_dir() / Path(i.split("::")[0]).name)}
 
     # ------------------------------------------------------------------ verdicts
     def pytest_runtest_logreport(self, report):
@@ -198,7 +206,7 @@ class ResultRecorder:
         with_verdict = {nodeid for nodeid, props in self.props.items() if props.get("test_id") in self.records}
         reasons = [
             *completeness.stops(session, exitstatus, self.collect_errors),
-            *completeness.filters(session.config),
+            *completeness.filters(session.config, self.deselected),
             *completeness.missing_verdicts(self.selected, with_verdict),
         ]
         if self.run.compare is not None:
