@@ -14,10 +14,18 @@ CORRECT = {
 }
 
 
+def run_focused(tmp_path_factory, backends, standard, *extra):
+    """The suite under xdist; mutants run only the families they are aimed at (tests/mutant_focus.py)."""
+    return run_suite_process(tmp_path_factory.mktemp("suite"), "-n", "2", "-p", "tests.mutant_focus", "--backend", ",".join(backends),
+                             "--standard", standard, *extra)
+
+
 def run_suite(tmp_path_factory, backends, standard, *extra):
-    """Outcomes per backend and family; mutants run only the families they are aimed at (tests/mutant_focus.py)."""
-    result = run_suite_process(tmp_path_factory.mktemp("suite"), "-n", "2", "-p", "tests.mutant_focus", "--backend", ",".join(backends),
-                               "--standard", standard, *extra)
+    return outcomes_of(run_focused(tmp_path_factory, backends, standard, *extra))
+
+
+def outcomes_of(result):
+    """Outcomes per backend and family."""
     outcomes = defaultdict(lambda: defaultdict(list))
     for record in result.records:
         outcomes[record["backend"]][record["family"]].append((record["outcome"], record["nodeid"], record["message"]))
@@ -35,8 +43,19 @@ def e1_results(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def e3_results(tmp_path_factory):
-    return run_suite(tmp_path_factory, [b for b, s in CORRECT.items() if s == "e3"], "e3")
+def e3_run(tmp_path_factory):
+    return run_focused(tmp_path_factory, [b for b, s in CORRECT.items() if s == "e3"], "e3")
+
+
+@pytest.fixture(scope="module")
+def e3_results(e3_run):
+    return outcomes_of(e3_run)
+
+
+def test_a_whole_suite_run_under_xdist_is_complete(e3_run):
+    completion, run = e3_run.document["completion"], e3_run
+    assert completion["complete"] is True, completion
+    assert completion["selected"] == completion["recorded"] == len(run.records) > 0
 
 
 def assert_caught(results, mutant):
