@@ -16,6 +16,8 @@ import re
 
 from kvconform.reports.results import package_version, read_json, write_atomically
 
+from kvconform import reference as R
+
 from .equivalence import CASES, FP8_FORMATS, scales
 
 SCHEMA = "kvconform-digests/1"
@@ -41,6 +43,7 @@ def export(path: str, records: list[dict]) -> int:
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+STORED_FP8_FORMATS = tuple(sorted(str(d).removeprefix("torch.") for d in R.fp8.FP8_DTYPES))
 _TEXT_FIELDS = ("backend", "layout", "layout_shape", "era", "dtype", "kv_cache_dtype", "geometry")
 
 
@@ -60,8 +63,8 @@ def entry_problem(entry) -> str | None:
     for field in ("page", "canonical"):
         if not isinstance(entry.get(field), str) or not _SHA256.fullmatch(entry[field]):
             return f"{field} must be a SHA-256 hex digest, got {entry.get(field)!r}"
-    if entry.get("fp8_format") not in (None, *FP8_FORMATS):
-        return f"fp8_format must be null or one of {', '.join(FP8_FORMATS)}, got {entry.get('fp8_format')!r}"
+    if entry.get("fp8_format") not in (None, *STORED_FP8_FORMATS):
+        return f"fp8_format must be null or one of {', '.join(STORED_FP8_FORMATS)}, got {entry.get('fp8_format')!r}"
     b64 = entry.get("canonical_b64")
     if entry["fp8_format"] and b64 is None:
         return "canonical_b64 is required for an fp8 entry (the conversion is checked element by element)"

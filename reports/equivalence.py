@@ -32,7 +32,8 @@ def compare_entries(ours: dict, theirs: dict) -> str | None:
         for field in ("dtype", "geometry", "k_scale", "v_scale", "page", "canonical", "canonical_b64"):
             if ours.get(field) != theirs.get(field):
                 shown = lambda v: f"{v[:16]}…" if isinstance(v, str) and len(v) > 16 else repr(v)  # noqa: E731
-                return f"{field} {shown(theirs.get(field))} there, {shown(ours.get(field))} here"
+                label = {"page": "page digest", "canonical": "canonical digest", "canonical_b64": "canonical bytes"}.get(field, field)
+                return f"{label} {shown(theirs.get(field))} there, {shown(ours.get(field))} here"
         return None
     local = torch.frombuffer(bytearray(base64.b64decode(ours["canonical_b64"])), dtype=torch.uint8)
     remote = torch.frombuffer(bytearray(base64.b64decode(theirs["canonical_b64"])), dtype=torch.uint8)

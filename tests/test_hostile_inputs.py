@@ -207,7 +207,7 @@ def test_compare_digests_reads_the_canonical_digest_of_a_same_format_entry():
     ours = reference_entries()[0]
     tampered = dict(ours, canonical="0" * 64)
     assert compare_entries(ours, ours) is None
-    assert compare_entries(ours, tampered).startswith("canonical 0000000000000000… there")
+    assert compare_entries(ours, tampered).startswith("canonical digest 0000000000000000… there")
 
 
 @pytest.mark.parametrize("field, value, complaint", [
