@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from kvconform.reports import completion, expectations
+from kvconform.reports import expectations
 from kvconform.reports.results import FAILING, SCHEMA, package_version, write_atomically
 
 from . import collection, completeness
@@ -141,7 +141,7 @@ class ResultRecorder:
         self.selected: set[str] | None = None  # node ids of the kvconform tests this run selected
         self.collect_errors: list[str] = []
         self.deselected = 0  # checks deselected by anything (-m, -k, a plugin)
-        self.completion: dict = {"complete": False, "reasons": [{"kind": "running", "what": "the run has not finished"}]}
+        self.completion: dict | None = None  # set at the end of the session
         self.notes: list[tuple[str, str]] = []  # (style, line) for the terminal summary
         self.written = False
 
@@ -255,6 +255,7 @@ class ResultRecorder:
             self._update_expectations(session, records)
         if any(r["kind"] == "nothing-compared" for r in self.completion["reasons"]) and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        self.completion["exit_status"] = int(session.exitstatus)
         document = self.document()
         if not self.completion["complete"]:
             kept = keep_complete_result(options.json_path, self.html_path)
@@ -316,9 +317,6 @@ class ResultRecorder:
                                         "its results were never written", yellow=True)
         terminalreporter.write_line(f"kvconform: results {os.path.abspath(self.run.options.json_path)}")
         terminalreporter.write_line(f"kvconform: HTML report {os.path.abspath(self.html_path)}")
-        headline = completion.headline(self.document())
-        if headline:
-            terminalreporter.write_line(f"kvconform: {headline}", yellow=True, bold=True)
 
     def pytest_unconfigure(self, config):
         if self.lock is not None:
