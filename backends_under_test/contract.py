@@ -164,10 +164,10 @@ class Backend(abc.ABC):
         lands in ``block_ids[t // N]``, slot ``t % N``), stopping after ``num_tokens``."""
         raise NotImplementedError
 
-    def layout_descriptor(self, spec: CacheSpec, *, tp_rank: int = 0, tp_size: int = 1, total_kv_heads: int | None = None,
+    def layout_descriptor(self, cache, spec: CacheSpec, *, tp_rank: int = 0, tp_size: int = 1, total_kv_heads: int | None = None,
                           k_scale: float | None = None, v_scale: float | None = None) -> dict:
-        """The ``kvconform.compat`` descriptor of this cache, as this rank's connector would
-        announce it at handshake (default: from the declared layout)."""
+        """The ``kvconform.compat`` descriptor of ``cache``, as this rank's connector announces it
+        at handshake (default: from the declared layout)."""
         return compat.describe(spec.layout, spec.geometry, tp_rank=tp_rank, tp_size=tp_size, total_kv_heads=total_kv_heads,
                                kv_cache_dtype=spec.kv_cache_dtype, k_scale=k_scale, v_scale=v_scale,
                                backend=getattr(self, "name", type(self).__name__), platform=self.platform, arch=self.arch())
