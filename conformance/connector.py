@@ -109,19 +109,18 @@ def assert_regions_cover_exactly(prop: str, case: Case, arena: Arena, regions, b
             continue
         counts[start:stop] += 1
     wanted = torch.zeros(size, dtype=torch.bool)
-    elements = R.offset_map(spec.layout, g, blocks, heads).flatten()
-    wanted.view(-1, e)[elements] = True
-    extra, missing, twice = (counts > 0) & ~wanted, (counts == 0) & wanted, counts > 1
+    wanted.view(-1, e)[R.offset_map(spec.layout, g, blocks, heads).flatten()] = True
+    per_element = lambda mask: mask.view(-1, e).any(dim=1)  # noqa: E731
+    extra, missing, twice = per_element((counts > 0) & ~wanted), per_element((counts == 0) & wanted), per_element(counts > 1)
     if not (outside or bool(extra.any()) or bool(missing.any()) or bool(twice.any())):
         return
     mismatches = [{"where": f"region {r}", "expected": f"inside the cache's {size} bytes", "actual": "outside"} for r in outside[:3]]
-    for name, mask, expected, actual in (("extra", extra, "not covered", "covered"), ("missing", missing, "covered", "not covered"),
-                                         ("twice", twice, "covered once", "covered twice")):
-        for byte in torch.nonzero(mask).flatten()[:2].tolist():
-            coords = R.coordinates_of(spec.layout, g, [byte // e])[0]
-            mismatches.append({"where": f"byte {byte}: {describe(coords)}", "expected": expected, "actual": actual})
-    lines = [f"{prop}: regions {what}: {int(extra.sum())} bytes covered that were not asked for, {int(missing.sum())} asked-for "
-             f"bytes not covered, {int(twice.sum())} covered twice, {len(outside)} regions outside the cache ({len(regions)} regions)"]
+    for mask, expected, actual in ((extra, "not covered", "covered"), (missing, "covered", "not covered"), (twice, "covered once", "covered twice")):
+        for element in torch.nonzero(mask).flatten()[:2].tolist():
+            coords = R.coordinates_of(spec.layout, g, [element])[0]
+            mismatches.append({"where": f"byte {element * e}: {describe(coords)}", "expected": expected, "actual": actual})
+    lines = [f"{prop}: regions {what}: {int(extra.sum())} elements covered that were not asked for, {int(missing.sum())} asked-for "
+             f"elements not covered, {int(twice.sum())} covered twice, {len(outside)} regions outside the cache ({len(regions)} regions)"]
     lines += [f"  {m['where']}: expected {m['expected']}, actual {m['actual']}" for m in mismatches]
     lines += [f"  geometry {g.short()}, layout {spec.layout}", f"  repro: {case.repro}"]
-    raise ConformanceFailure("\n".join(lines), {"property": prop, "differing_elements": int((extra | missing | twice).sum()) // e, "mismatches": mismatches})
+    raise ConformanceFailure("\n".join(lines), {"property": prop, "differing_elements": int((extra | missing | twice).sum()), "mismatches": mismatches})

@@ -237,17 +237,19 @@ def hybrid_groups(case) -> list[dict]:
 @pytest.mark.kvc_op("wire")
 @pytest.mark.kvc_clause("CONN-HYBRID")
 def test_hybrid_model_groups_round_trip_each_with_its_own_geometry(case):
+    groups = []  # the engine allocates every group's cache before the connector ships any
     for number, group in enumerate(hybrid_groups(case)):
         kv_dtype, model_dtype = group.pop("kv_cache_dtype"), group.pop("model_dtype")
         g = model_geometry(case, kv_cache_dtype=kv_dtype, model_dtype=model_dtype, num_blocks=6, **group)
-        source = allocate_shard(case, case.layout, g, kv_cache_dtype=kv_dtype, model_dtype=model_dtype, seed_offset=200 * number)
-        target = allocate_shard(case, case.layout, g, kv_cache_dtype=kv_dtype, model_dtype=model_dtype, seed_offset=200 * number + 100)
+        shards = [allocate_shard(case, case.layout, g, kv_cache_dtype=kv_dtype, model_dtype=model_dtype, seed_offset=200 * number + side) for side in (0, 100)]
+        groups.append((number, g, kv_dtype, *shards))
+    for number, g, kv_dtype, source, target in groups:
         src_ids, dst_ids = block_ids(g, 2, case.seed + number).tolist(), block_ids(g, 2, case.seed + number + 7).tolist()
         source.place(src_ids, model_kv(g, 2, g.num_kv_heads, case.seed + number))
         expected = target.snapshot()
         expected.place(dst_ids, source.read(src_ids))
         halves = [range(0, g.num_kv_heads // 2), range(g.num_kv_heads // 2, g.num_kv_heads)] if g.num_kv_heads > 1 else [range(1)]
-        for heads in halves:  # as a connector resharding each group to two ranks would slice it
+        for heads in halves:  # as a connector resharding each group to two ranks slices it
             ship(case, "wire", source, src_ids, heads, target, dst_ids, heads)
         assert_shards_equal("connector", case, expected, target, f"layer group {number} ({g.short()}, kv_cache_dtype {kv_dtype})")
 
