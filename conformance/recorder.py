@@ -124,6 +124,7 @@ class ResultRecorder:
             "not_applicable": props.get("not_applicable") if outcome == "not-applicable" else None,
             "failure": props.get("failure"), "raised": this_phase.get("raised"),
             "digest": props.get("digest"),
+            "interop": props.get("interop"),
         }
 
     def document(self) -> dict:

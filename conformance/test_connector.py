@@ -19,6 +19,7 @@ from kvconform import reference as R
 
 from .applicability import DECLARATION, NotApplicable, NotApplicableHere
 from .assertions import ConformanceFailure, assert_equal, assert_offsets_equal, describe
+from . import interop
 from .connector import LAYERS, allocate_shard, assert_regions_cover_exactly, assert_shards_equal, cache_origin, model_kv
 from .harness import block_ids
 from .strategies import geometry_choices
@@ -322,3 +323,32 @@ def test_handshake_accepts_exactly_the_peers_kvconform_compat_accepts(case):
         plan = lambda v: (v.plan.mode, v.plan.steps, v.plan.slices) if v.plan else None  # noqa: E731
         assert_equal("connector", case, (want.compatible, plan(want)), (got.compatible, plan(got)),
                      f"handshake with a producer that has {name} (kvconform.compat: {want.summary})")
+
+
+# ----------------------------------------------------------------------------- interop row
+@pytest.fixture
+def peers(request):
+    from .plugin import RUN
+
+    return interop.peer_endpoints(request.config.stash[RUN].backends)
+
+
+@pytest.mark.kvc_clause("CONN-INTEROP")
+def test_blocks_shipped_to_every_peer_land_as_the_compat_plan_says(case, peers):
+    me = interop.Endpoint(case.backend, case.layout)
+    cells, sides, done = [], {}, {}
+    for scenario in interop.SCENARIOS:
+        producer_ranks = interop.producer_side(me, scenario, case.seed)
+        sides[interop.side_key(*scenario.side(True))] = [r.descriptor for r in producer_ranks] if not isinstance(producer_ranks, str) else producer_ranks
+        for peer in peers:
+            key = (scenario, interop.consumer_key(peer, scenario))  # peers announcing the same cache get the same verdict
+            if key not in done:
+                done[key] = interop.evaluate(me, peer, scenario, producer_ranks, case.seed)
+            cells.append({"consumer": peer.label, "consumer_platform": peer.platform, "scenario": scenario.name, **done[key]})
+    case.record("interop", {"endpoint": interop.endpoint_record(me, sides), "cells": cells})
+    failing = [c for c in cells if c["outcome"] == "fails"]
+    if failing:
+        lines = [f"  {c['scenario']} → {c['consumer']}: {c['detail']}" for c in failing[:6]]
+        raise ConformanceFailure(f"connector: {len(failing)} of {len(cells)} interop cells of {me.label} fail: blocks shipped as kvconform.compat "
+                                 f"plans them do not land as the consumer's layout says\n" + "\n".join(lines) + f"\n  repro: {case.repro}",
+                                 {"property": "connector", "mismatches": [{"where": f"{c['scenario']} → {c['consumer']}", "actual": c["detail"]} for c in failing[:6]]})

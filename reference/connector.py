@@ -234,7 +234,9 @@ def values_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def convert(bits: torch.Tensor, src: torch.dtype, dst: torch.dtype, ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Re-encode ``src`` elements as ``dst`` elements of ``value · ratio`` (``ratio`` =
     source scale / destination scale keeps the dequantised value). Returns the bits and the
-    mask of elements converted exactly."""
+    mask of elements converted exactly. The same dtype at ratio 1 is a bit copy."""
+    if src == dst and ratio == 1.0:
+        return bits.clone(), torch.ones(bits.shape, dtype=torch.bool)
     values = decode_values(bits, src) * ratio
     out = encode_values(values, dst)
     return out, values_equal(decode_values(out, dst), values)
