@@ -6,6 +6,7 @@ import time
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from . import interop
 from .equivalence import equivalence_matrix
 from .matrix import build
 from .mutation import kill_rates
@@ -22,7 +23,7 @@ def render_runs(documents: list[dict]) -> str:
     mutants, families = kill_rates(documents)
     eq_columns, eq_cells = equivalence_matrix(documents)
     return _ENV.get_template("report.html.j2").render(
-        eq_columns=eq_columns if len(eq_columns) > 1 else [], eq_cells=eq_cells,
+        eq_columns=eq_columns if len(eq_columns) > 1 else [], eq_cells=eq_cells, interop=interop.build(documents),
         mutants=mutants, kill_families=families,
         runs=documents, matrix=build(documents), cell_text=cell_text, byte_map_svg=byte_map_svg,
         failing=FAILING, stale=stale, total=sum(len(d["tests"]) for d in documents),

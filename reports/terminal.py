@@ -7,6 +7,7 @@ import io
 from rich.console import Console
 from rich.table import Table
 
+from . import interop
 from .matrix import Cell, build
 from .mutation import kill_rates
 
@@ -61,6 +62,9 @@ def render(documents: list[dict], *, color: bool, width: int = 160) -> str:
             missed = [f for f in row["aimed"] if f not in row["killed"]]
             if missed:
                 console.print(f"  [bold red]SURVIVED[/] mutant:{row['mutant']} in {', '.join(missed)}")
+    table = interop.build(documents)
+    if table:
+        interop.render_terminal(table, console)
     specific = matrix.backend_specific_failures()
     if specific:
         console.print("[bold]Backend-specific failures[/] (fails on exactly one backend — that vendor's clearest action item):")
