@@ -189,3 +189,17 @@ def test_command_line_prints_a_verdict_per_rank(tmp_path):
     producer.write_text("{}")
     broken = subprocess.run([sys.executable, "-m", "kvconform.compat", str(producer), str(consumer)], capture_output=True, text=True, cwd=ROOT)
     assert broken.returncode == 2 and "schema" in broken.stderr
+
+
+def test_describe_writes_each_ranks_descriptor_for_compat(tmp_path):
+    h100, mi300 = tmp_path / "h100.json", tmp_path / "mi300.json"
+    for backend, layout, tp, out in (("triton_flash", "E1:NHD", 1, h100), ("reference_gfx942", "AITER:shuffle-blocks_first", 2, mi300)):
+        made = subprocess.run([sys.executable, "-m", "kvconform", "describe", "--backend", backend, "--layout", layout, "--kv-cache-dtype", "fp8",
+                               "--tp-size", str(tp), "--k-scale", "0.5", "--v-scale", "0.5", "-o", str(out)], capture_output=True, text=True, cwd=ROOT)
+        assert made.returncode == 0, made.stderr
+    ranks = json.loads(mi300.read_text())
+    assert [(d["tp_rank"], d["num_kv_heads"], d["k_scale"], d["fp8_format"]) for d in ranks] == [(0, 4, 1.0, "float8_e4m3fnuz"), (1, 4, 1.0, "float8_e4m3fnuz")]
+    assert subprocess.run([sys.executable, "-m", "kvconform", "compat", str(h100), str(mi300)], capture_output=True, cwd=ROOT).returncode == 0
+    assert subprocess.run([sys.executable, "-m", "kvconform", "compat", str(mi300), str(h100)], capture_output=True, cwd=ROOT).returncode == 1
+    unknown = subprocess.run([sys.executable, "-m", "kvconform", "describe", "--backend", "triton_flash", "--layout", "E3:LBHNC"], capture_output=True, text=True, cwd=ROOT)
+    assert unknown.returncode == 2 and "declares no layout 'E3:LBHNC'" in unknown.stderr
