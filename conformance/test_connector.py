@@ -314,7 +314,7 @@ def handshake_peers(case, spec, local: dict) -> dict[str, dict]:
 
 
 @pytest.mark.kvc_op("handshake")
-@pytest.mark.kvc_clause("CONN-HANDSHAKE")
+@pytest.mark.kvc_clause("CONN-HANDSHAKE", "CONN-FP8-SCALE")
 def test_handshake_accepts_exactly_the_peers_kvconform_compat_accepts(case):
     spec, _, local = announced(case, first_fp8(case))
     for name, remote in handshake_peers(case, spec, local).items():

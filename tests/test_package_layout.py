@@ -1,8 +1,9 @@
 """The package's shape: one ``kvconform`` namespace, floors that import one way, no import cycles.
 
-Floors, lowest first: ``reference`` (the spec) ← ``backends_under_test`` ← ``conformance`` (the
-checks and the pytest plugin); ``reports`` is a plain library from results JSON to matrix /
-HTML, importing only ``reference``; the ``kvconform`` command sits on top. Every import of ours
+Floors, lowest first: ``reference`` (the spec) ← ``kvconform.compat`` (the runtime handshake check
+a connector imports) ← ``backends_under_test`` ← ``conformance`` (the checks and the pytest plugin);
+``reports`` is a plain library from results JSON to matrix / HTML, importing only ``reference`` and
+``kvconform.compat``; the ``kvconform`` command sits on top. Every import of ours
 is counted, also the ones inside functions.
 """
 
