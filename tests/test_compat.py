@@ -3,7 +3,6 @@ exactly the consumer's reference bytes in the consumer's cache (and every value 
 whenever it says incompatible, the named reason holds and no exact plan exists because of it.
 Plus the command line and descriptor validation."""
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -91,7 +90,7 @@ def test_compatible_plans_reproduce_the_consumer_reference_and_incompatible_ones
     kv = torch.randint(0, 256, (gp.num_layers * len(p_ids) * 2 * gp.block_size * total * gp.head_size * gp.element_size,), dtype=torch.uint8,
                        generator=torch.Generator().manual_seed(7)).view(R.bits_dtype(gp.dtype)).view(gp.num_layers, len(p_ids), 2, gp.block_size, total, gp.head_size)
     caches = []
-    for p, d in enumerate(producers):
+    for d in producers:
         ep = compat.parse(d)
         storage = torch.zeros(LAYOUTS[p_key].nbytes(ep.geometry), dtype=torch.uint8)
         R.connector.scatter(storage, LAYOUTS[p_key], ep.geometry, p_ids, kv[:, :, :, :, ep.heads.start:ep.heads.stop])
@@ -136,7 +135,8 @@ def assert_obstacle_is_real(verdict, p, c):
 
 
 # ----------------------------------------------------------------------------- fixed verdicts
-def fp8_rank(dtype, scale, layout=R.blocks_first("HND"), **kw):
+def fp8_rank(dtype, scale, layout=None, **kw):
+    layout = layout or R.blocks_first("HND")
     g = R.Geometry(num_blocks=8, block_size=16, num_kv_heads=2, head_size=64, dtype=dtype)
     return compat.describe(layout, g, k_scale=scale, v_scale=scale, kv_cache_dtype="fp8", **kw)
 
