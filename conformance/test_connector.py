@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from kvconform import compat
 from kvconform import reference as R
 
+from . import interop
 from .applicability import DECLARATION, NotApplicable, NotApplicableHere
 from .assertions import ConformanceFailure, assert_equal, assert_offsets_equal, describe
-from . import interop
 from .connector import LAYERS, allocate_shard, assert_regions_cover_exactly, assert_shards_equal, cache_origin, model_kv
 from .harness import block_ids
 from .strategies import geometry_choices
@@ -58,7 +58,6 @@ def test_block_regions_cover_exactly_the_requested_blocks(case):
     blocks = block_ids(shard.spec.geometry, 3, case.seed).tolist()
     for arena in shard.arenas:
         regions = case.backend.block_regions(arena.cache, arena.spec, blocks)
-        case.record("regions", len(regions))
         assert_regions_cover_exactly("connector", case, arena, regions, blocks, None, f"of blocks {blocks}")
 
 
