@@ -115,9 +115,9 @@ class Rank:
     descriptor: dict
 
 
-def ranks(endpoint: Endpoint, tp: int, block_size: int, kv_cache_dtype: str, seed: int) -> list[Rank] | str:
-    """Every TP rank of the endpoint, allocated by its backend over random bytes, with the
-    descriptor its backend announces; or why the endpoint cannot play this side."""
+def ranks(endpoint: Endpoint, tp: int, block_size: int, kv_cache_dtype: str, seed: int, device: str = "cpu") -> list[Rank] | str:
+    """Every TP rank of the endpoint, allocated by its backend over random bytes on ``device``,
+    with the descriptor its backend announces; or why the endpoint cannot play this side."""
     found = geometry(endpoint, tp, block_size, kv_cache_dtype)
     if isinstance(found, str):
         return found
@@ -126,7 +126,7 @@ def ranks(endpoint: Endpoint, tp: int, block_size: int, kv_cache_dtype: str, see
     for rank in range(tp):
         spec = CacheSpec(layout=endpoint.layout, geometry=g, kv_cache_dtype=kv_cache_dtype, model_dtype=model_dtype)
         gen = torch.Generator().manual_seed(seed + rank)
-        buffer = torch.randint(0, 256, (endpoint.layout.nbytes(g),), dtype=torch.uint8, generator=gen)
+        buffer = torch.randint(0, 256, (endpoint.layout.nbytes(g),), dtype=torch.uint8, generator=gen).to(device)
         cache = endpoint.backend.allocate(buffer, spec)
         k_scale, v_scale = scales(g)
         descriptor = endpoint.backend.layout_descriptor(cache, spec, tp_rank=rank, tp_size=tp, total_kv_heads=TOTAL_HEADS, k_scale=k_scale, v_scale=v_scale)
@@ -136,7 +136,8 @@ def ranks(endpoint: Endpoint, tp: int, block_size: int, kv_cache_dtype: str, see
 
 @functools.cache
 def consumer_side(endpoint: Endpoint, tp: int, block_size: int, kv_cache_dtype: str):
-    """A peer as consumer: its ranks (cached per process: peers are the same for every row)."""
+    """A peer as consumer: its ranks, on the CPU, where the reference lands the blocks (cached per
+    process: peers are the same for every row)."""
     return ranks(endpoint, tp, block_size, kv_cache_dtype, seed=4242)
 
 
@@ -190,10 +191,11 @@ def evaluate(producer: Endpoint, consumer: Endpoint, scenario: Scenario, produce
 PRODUCER_BLOCKS = [1, 3]  # ascending: region lists of several blocks pair up in address order
 
 
-def producer_side(endpoint: Endpoint, scenario: Scenario, seed: int):
-    """The endpoint's ranks as producer, the model's KV for its blocks placed in each rank through
-    its declared layout (``model_kv(g, 2, TOTAL_HEADS, seed)``); or why it cannot produce."""
-    found = ranks(endpoint, *scenario.side(True), seed=seed)
+def producer_side(endpoint: Endpoint, scenario: Scenario, seed: int, device: str = "cpu"):
+    """The endpoint's ranks as producer, on the run's device (its own ops run there), the model's
+    KV for its blocks placed in each rank through its declared layout (``model_kv(g, 2,
+    TOTAL_HEADS, seed)``); or why it cannot produce."""
+    found = ranks(endpoint, *scenario.side(True), seed=seed, device=device)
     if isinstance(found, str):
         return found
     kv = model_kv(found[0].spec.geometry, len(PRODUCER_BLOCKS), TOTAL_HEADS, seed)

@@ -204,7 +204,7 @@ def test_block_size_translation_keeps_every_token(case, sizes):
     producer.place(p_table, model_kv(gp, len(p_table), gp.num_kv_heads, case.seed))
     expected = consumer.snapshot()
     for src, want in zip(producer.arenas, expected.arenas):  # token t: (p_table[t // Np], t % Np) → (c_table[t // Nc], t % Nc)
-        src_bits = R.storage_bits(src.region, src.spec.geometry)[R.connector.token_offsets(src.spec.layout, src.spec.geometry, p_table, tokens)]
+        src_bits = R.storage_bits(src.region, src.spec.geometry)[R.connector.token_offsets(src.spec.layout, src.spec.geometry, p_table, tokens).to(src.region.device)].cpu()
         R.storage_bits(want.region, want.spec.geometry)[R.connector.token_offsets(want.spec.layout, want.spec.geometry, c_table, tokens)] = src_bits
     for src, dst in zip(producer.arenas, consumer.arenas):
         wire = case.backend.export_blocks(src.cache, src.spec, p_table)
@@ -337,7 +337,7 @@ def test_blocks_shipped_to_every_peer_land_as_the_compat_plan_says(case, peers):
     me = interop.Endpoint(case.backend, case.layout)
     cells, sides, done = [], {}, {}
     for scenario in interop.SCENARIOS:
-        producer_ranks = interop.producer_side(me, scenario, case.seed)
+        producer_ranks = interop.producer_side(me, scenario, case.seed, case.device)
         sides[interop.side_key(*scenario.side(True))] = [r.descriptor for r in producer_ranks] if not isinstance(producer_ranks, str) else producer_ranks
         for peer in peers:
             key = (scenario, interop.consumer_key(peer, scenario))  # peers announcing the same cache get the same verdict
