@@ -16,9 +16,15 @@ import dataclasses
 
 import torch
 
+from kvconform import compat
 from kvconform.reference import Geometry, Layout, fp8
+from kvconform.reference import connector as conn
 
-OPS = frozenset({"write", "split", "swap", "copy", "decode"})
+# What a connector-facing backend may declare besides (docs/CONNECTOR.md): byte regions of
+# blocks and head slices, a wire form (export + import), import across block sizes, and its
+# own handshake verdict on a peer.
+CONNECTOR_OPS = frozenset({"regions", "wire", "reblock", "handshake"})
+OPS = frozenset({"write", "split", "swap", "copy", "decode"}) | CONNECTOR_OPS
 STANDARDS = frozenset({"e1", "e3"})
 CONNECTOR_NOT_SUPPORTED = "KV connector not supported"
 
@@ -134,6 +140,42 @@ class Backend(abc.ABC):
     def supports_kv_connector(self) -> bool:
         """vLLM ``AttentionBackend.supports_kv_connector()`` (default True, §C.1)."""
         return True
+
+    # ---------------------------------------------------------------- connector ops (docs/CONNECTOR.md)
+    def block_regions(self, cache, spec: CacheSpec, block_ids, heads: range | None = None) -> list[tuple[int, int]]:
+        """``regions``: the byte ``(offset, length)`` runs, from the cache's first byte, that hold
+        ``block_ids`` — every layer, K and V, every slot — of this rank's KV heads ``heads``
+        (all when None), as a connector registers them for a transfer."""
+        raise NotImplementedError
+
+    def wire_layout(self, spec: CacheSpec) -> Layout:
+        """The layout of this backend's wire form (default: canonical bytes, per block every
+        layer, K then V, ``[N][H][D]``)."""
+        return conn.CANONICAL_WIRE
+
+    def export_blocks(self, cache, spec: CacheSpec, block_ids, heads: range | None = None) -> conn.Wire:
+        """``wire``: the blocks (heads ``heads`` only, when given) in this backend's wire form,
+        bit for bit."""
+        raise NotImplementedError
+
+    def import_blocks(self, cache, spec: CacheSpec, block_ids, wire: conn.Wire, heads: range | None = None, num_tokens: int | None = None) -> None:
+        """``wire``: place the wire's tokens into ``block_ids`` (heads ``heads``), in place, bit
+        for bit; ``reblock``: also when the wire's block size differs (token ``t`` of the wire
+        lands in ``block_ids[t // N]``, slot ``t % N``), stopping after ``num_tokens``."""
+        raise NotImplementedError
+
+    def layout_descriptor(self, cache, spec: CacheSpec, *, tp_rank: int = 0, tp_size: int = 1, total_kv_heads: int | None = None,
+                          k_scale: float | None = None, v_scale: float | None = None) -> dict:
+        """The ``kvconform.compat`` descriptor of ``cache``, as this rank's connector announces it
+        at handshake (default: from the declared layout)."""
+        return compat.describe(spec.layout, spec.geometry, tp_rank=tp_rank, tp_size=tp_size, total_kv_heads=total_kv_heads,
+                               kv_cache_dtype=spec.kv_cache_dtype, k_scale=k_scale, v_scale=v_scale,
+                               backend=getattr(self, "name", type(self).__name__), platform=self.platform, arch=self.arch())
+
+    def handshake(self, local: dict, remote: dict) -> compat.Verdict:
+        """``handshake``: this engine's (the consumer's) verdict on receiving blocks from the
+        peer ``remote`` — its connector's own compatibility check."""
+        raise NotImplementedError
 
     def selection_order(self, *, use_kv_connector: bool) -> list[str] | None:
         """The platform selector's backend priority list for this configuration, by the names

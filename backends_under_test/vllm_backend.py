@@ -35,6 +35,7 @@ import torch
 
 from kvconform import reference as R
 
+from . import vllm_connector
 from .contract import Backend, BackendUnavailable, Capabilities, CacheSpec, OpUnavailable
 
 SHUFFLE = "+shuffle"
@@ -396,6 +397,16 @@ class VllmE3Backend(VllmBackend):
 
     def connector_layouts(self):
         return (self._connector_layout,)
+
+    def _ops(self):
+        # Regions are read off vLLM's [L, B, H, N, C] views; a kernel tile inside a 2-slot region is not.
+        return super()._ops() | ({"regions"} if self._tile is None else set())
+
+    def block_regions(self, cache, spec, block_ids, heads=None):
+        return vllm_connector.block_regions(self, cache, spec, block_ids, heads)
+
+    def layout_descriptor(self, cache, spec, **rank):
+        return vllm_connector.descriptor(self, cache, spec, **rank)
 
     def vllm_spec(self, spec: CacheSpec):
         from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype

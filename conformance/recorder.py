@@ -194,6 +194,7 @@ class ResultRecorder:
             "not_applicable": props.get("not_applicable") if outcome == "not-applicable" else None,
             "failure": props.get("failure"), "raised": this_phase.get("raised"),
             "digest": props.get("digest"), "hypothesis_draw": self._draw(report, outcome),
+            "interop": props.get("interop"),
         }
 
     @staticmethod

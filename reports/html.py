@@ -6,7 +6,7 @@ import time
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from . import completion
+from . import completion, interop
 from .draws import summary as draw_summary
 from .equivalence import equivalence_matrix
 from .matrix import build
@@ -27,7 +27,7 @@ def render_runs(documents: list[dict]) -> str:
     left_out = {name: why for d in documents for name, why in (completion.of(d).get("backends_left_out") or {}).items()}
     return _ENV.get_template("report.html.j2").render(
         partial=completion.headline(together), left_out=left_out, draw_summary=draw_summary,
-        eq_columns=eq_columns if len(eq_columns) > 1 else [], eq_cells=eq_cells,
+        eq_columns=eq_columns if len(eq_columns) > 1 else [], eq_cells=eq_cells, interop=interop.build(documents),
         mutants=mutants, kill_families=families,
         runs=documents, matrix=build(documents), cell_text=cell_text, byte_map_svg=byte_map_svg,
         failing=FAILING, stale=stale, total=sum(len(d["tests"]) for d in documents),

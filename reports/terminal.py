@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import completion
+from . import completion, interop
 from .matrix import Cell, Matrix, build
 from .mutation import kill_rates
 from .results import FAILING
@@ -35,7 +35,7 @@ LEGEND = ("ok all passed · n/a not applicable · F failed · E error · C crash
           "x known failure · X unexpected pass · s skipped by expectations · blank: not run; "
           "a letter's number counts that outcome")
 NOT_PASSED = ("crashed", "timeout", "error", "failed", "unexpected-pass", "expected-failure", "skipped")
-SHORT_FAMILY = {"equivalence": "equiv"}
+SHORT_FAMILY = {"equivalence": "equiv", "connector": "conn"}
 MIN_NAME = 20
 
 
@@ -195,6 +195,9 @@ def render(documents: list[dict], *, color: bool, width: int | None = None) -> s
                 console.print(Text.assemble(("  SURVIVED ", "bold red"), f"mutant:{row['mutant']} in {', '.join(missed)}"))
             if row["not_run"]:
                 console.print(Text.assemble(("  not run ", "yellow"), f"mutant:{row['mutant']}: {', '.join(row['not_run'])} (not counted)"))
+    table = interop.build(documents)
+    if table:
+        interop.render_terminal(table, console)
     if warning:
         console.print(Text(warning, style="bold yellow"))
     return out.getvalue()

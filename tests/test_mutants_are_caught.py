@@ -76,6 +76,16 @@ def test_mutant_is_caught_when_its_check_runs(tmp_path_factory, mutant):
     assert_caught(run_suite(tmp_path_factory, [f"mutant:{mutant}"], "e1", *MUTANTS[mutant].suite_args), mutant)
 
 
+# Mutants that name the checks they must fail (``kills``): each of those checks, not just the family.
+NAMED_KILLS = sorted((m, check) for m, cls in MUTANTS.items() if not cls.suite_args for check in getattr(cls, "kills", ()))
+
+
+@pytest.mark.parametrize("mutant, check", NAMED_KILLS, ids=[f"{m}-{c}" for m, c in NAMED_KILLS])
+def test_mutant_fails_each_check_it_names(e1_results, mutant, check):
+    records = [r for family in e1_results.get(f"mutant:{mutant}", {}).values() for r in family if f"::{check}[" in r[1]]
+    assert any(outcome in ("failed", "error") for outcome, _, _ in records), f"mutant:{mutant} passed every {check}: {records}"
+
+
 @pytest.mark.parametrize("backend", sorted(CORRECT))
 def test_correct_backends_pass_every_applicable_check(e1_results, e3_results, backend):
     results = (e3_results if CORRECT[backend] == "e3" else e1_results).get(backend, {})
