@@ -62,8 +62,11 @@ class Table:
         return [(r, c, name, s["detail"]) for (r, c), cell in self.cells.items() for name, s in cell.scenarios.items() if s["outcome"] == "fails"]
 
 
-def key(label: str, platform: str) -> str:
-    return f"{label}@{platform}"
+def key(label: str, platform: str, ran_on: str | None) -> str:
+    """``label@platform`` where the run ran; a model of another platform says so (as matrix.column_of)."""
+    if not ran_on or ran_on == platform or platform == "cpu":
+        return f"{label}@{ran_on or platform}"
+    return f"{label}@{ran_on} (models {platform})"
 
 
 def build(documents: list[dict]) -> Table | None:
@@ -75,10 +78,11 @@ def build(documents: list[dict]) -> Table | None:
             if not interop or interop["endpoint"].get("mutant"):
                 continue
             endpoint = interop["endpoint"]
-            row = key(endpoint["label"], endpoint["platform"])
+            ran_on = record.get("run_platform")
+            row = key(endpoint["label"], endpoint["platform"], ran_on)
             endpoints[row] = endpoint
             for c in interop["cells"]:
-                column = key(c["consumer"], c["consumer_platform"])
+                column = key(c["consumer"], c["consumer_platform"], ran_on)  # consumers ran in the same run
                 executed.setdefault((row, column), {})[c["scenario"]] = {"outcome": c["outcome"], "detail": c["detail"], "executed": True}
     if not endpoints:
         return None
