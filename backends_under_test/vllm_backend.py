@@ -35,7 +35,7 @@ import torch
 
 from kvconform import reference as R
 
-from .contract import Backend, BackendUnavailable, Capabilities, CacheSpec, OpUnavailable
+from .contract import Backend, BackendOutOfScope, BackendUnavailable, Capabilities, CacheSpec, OpUnavailable
 
 SHUFFLE = "+shuffle"
 SHUFFLE_ENV = "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT"
@@ -44,6 +44,13 @@ TILES = {("ROCM_ATTN", False): "legacy", ("ROCM_ATTN", True): "legacy", ("ROCM_A
 # Backends that only exist on NVIDIA: their block copies are CudaPlatform's.
 CUDA_ONLY = ("FLASH_ATTN", "FLASHINFER", "FLASH_ATTN_DIFFKV", "FLEX_ATTENTION")
 CANDIDATE_HEAD_SIZES = (64, 128, 80)
+WIDE_HEAD_SIZES = (256,)  # only for a backend that supports none of the above (TRITON_FLASH_ATTN)
+# Seconds per test unless --kvc-timeout says otherwise: a vLLM kernel that writes out of bounds
+# has hung an interpreter worker in a futex wait (> 20 min); the slowest passing test takes ~4 s.
+DEFAULT_TIMEOUT = 300.0
+# Ops vLLM has that the adapter does not drive (their N/A is the adapter's, not vLLM's).
+NOT_DRIVEN = {"decode": "does not drive vLLM's attention forward (paged decode), so the read checks do not run on vLLM"}
+COMPUTE_CAPABILITY_REJECTED = "compute capability not supported"  # vLLM's validate_configuration reason
 INTERPRETER_FP8 = (
     "not declared under TRITON_INTERPRET=1: the interpreter's fp8 casts drop the rounding carry "
     "(1.99 -> 1.0 in e4m3fn, 3.99 -> 2.0 in e4m3fnuz; Triton 3.9), so bytes would judge Triton, not vLLM"
@@ -71,6 +78,7 @@ def adapter_for(backend_cls, *, name: str | None = None, shuffle: bool = False) 
     """The adapter for the API this backend class exposes (0.33.0 or E1 era)."""
     vllm = import_vllm()
     name = name or backend_cls.get_name()
+    _check_scope(backend_cls, name)
     # A class that states its own shape is E1-era (0.33.0 backends dropped get_kv_cache_shape).
     if hasattr(backend_cls, "get_kv_cache_shape"):
         return VllmE1Backend(backend_cls, name, shuffle)
@@ -81,6 +89,17 @@ def adapter_for(backend_cls, *, name: str | None = None, shuffle: bool = False) 
         "get_kv_cache_shape (E1 era, mid-2026) nor supported_kv_cache_layouts + vllm.v1.kv_cache_layout "
         "(0.33.0); kvconform's vLLM adapter knows those two APIs"
     )
+
+
+def _check_scope(backend_cls, name: str) -> None:
+    """Backends that keep no K/V cache kvconform specifies are not applicable, not errors."""
+    if getattr(backend_cls, "is_mla", lambda: False)():
+        raise BackendOutOfScope(f"is vLLM's MLA backend {name}: one latent cache per block, no K and V planes; "
+                                "kvconform specifies K/V paged caches (LAYOUT_SPEC §A)")
+    try:
+        backend_cls.get_impl_cls()
+    except NotImplementedError as exc:
+        raise BackendOutOfScope(f"is vLLM's {name}, which has no attention impl of its own to drive ({exc})") from exc
 
 
 def import_vllm():
@@ -137,17 +156,20 @@ def _aiter_ops():
         return None
 
 
-def _unavailable(exc: Exception) -> str | None:
-    """Why an exception means "this code path cannot run in this build", or None."""
+BUILD = "this machine's vLLM build"
+
+
+def _unavailable(exc: Exception) -> tuple[str, str] | None:
+    """(who lacks it, why) when an exception means "this code path cannot run here", or None."""
     text = str(exc)
     if isinstance(exc, AttributeError) and "_OpNamespace" in text:
-        return f"vLLM's compiled op is not in this build ({text}); this code path needs vLLM's CUDA/HIP extension"
+        return BUILD, f"vLLM's compiled op is not in this build ({text}); this code path needs vLLM's CUDA/HIP extension"
     if isinstance(exc, NameError):  # vLLM imports some kernels only when their extension loads
-        return f"vLLM did not define a kernel this path calls ({text}); its compiled extension is not available here"
+        return BUILD, f"vLLM did not define a kernel this path calls ({text}); its compiled extension is not available here"
     if isinstance(exc, ModuleNotFoundError):
-        return f"this path imports a module that is not installed ({text})"
+        return "this machine", f"this path imports a module that is not installed ({text})"
     if not torch.cuda.is_available() and ("not compiled with CUDA" in text or "NVIDIA driver" in text):
-        return f"this path needs a CUDA device ({text})"
+        return "this machine", f"this path needs a CUDA device ({text})"
     return None
 
 
@@ -157,10 +179,11 @@ def _real_code_path():
     try:
         yield
     except (AttributeError, NameError, ModuleNotFoundError, AssertionError, RuntimeError) as exc:
-        reason = _unavailable(exc)
-        if reason is None:
+        unavailable = _unavailable(exc)
+        if unavailable is None:
             raise
-        raise OpUnavailable(reason) from exc
+        who, reason = unavailable
+        raise OpUnavailable(reason, who=who) from exc
 
 
 @contextlib.contextmanager
@@ -185,6 +208,8 @@ def _default_config():
 class VllmBackend(Backend):
     """What both API eras share: gating, the impl, block copies through the platform."""
 
+    default_timeout = DEFAULT_TIMEOUT
+
     def __init__(self, backend_cls, name: str, shuffle: bool):
         vllm = import_vllm()
         self.backend_cls = backend_cls
@@ -200,6 +225,24 @@ class VllmBackend(Backend):
 
     def mode(self):
         return shuffle_mode(self.shuffle)
+
+    def selection_name(self) -> str:
+        return self.vllm_name  # the AttentionBackendEnum member vLLM's priority lists name
+
+    def undeclared_op(self, op):
+        if op in NOT_DRIVEN:
+            return f"kvconform's vLLM adapter (backend {self.name})", NOT_DRIVEN[op]
+        return f"vLLM {self._version} {self.vllm_name}", f"has no code path for op '{op}' ({self._no_op_because(op)})"
+
+    def _no_op_because(self, op) -> str:
+        return {"split": "its K/V split is inline in do_kv_cache_update", "write": "its impl has no do_kv_cache_update",
+                "copy": "this vLLM has no copy_kv_cache_blocks_inplace"}.get(op, "not in this vLLM")
+
+    def path_block_sizes(self, op, layout):
+        # vLLM picks cache writers by block size (ROCM_ATTN: the compiled writer at 16 and 32,
+        # Triton at other sizes); the adapter cannot tell where without restating vLLM's code,
+        # so fixed write checks run at every declared size (at most three, see _block_sizes).
+        return self.capabilities.block_sizes if op == "write" else self.capabilities.block_sizes[:1]
 
     @property
     def capabilities(self) -> Capabilities:
@@ -244,8 +287,9 @@ class VllmBackend(Backend):
         supports = getattr(self.backend_cls, "supports_head_size", None)
         listed = self.backend_cls.get_supported_head_sizes() if hasattr(self.backend_cls, "get_supported_head_sizes") else []
         ok = [d for d in CANDIDATE_HEAD_SIZES if (d in listed if listed else supports is None or supports(d))]
+        ok = ok or [d for d in WIDE_HEAD_SIZES if (d in listed if listed else supports is None or supports(d))]
         if not ok:
-            raise ValueError(f"vllm:{self.vllm_name}: none of head sizes {CANDIDATE_HEAD_SIZES} is supported")
+            raise ValueError(f"vllm:{self.vllm_name}: none of head sizes {CANDIDATE_HEAD_SIZES + WIDE_HEAD_SIZES} is supported")
         return tuple(ok)
 
     def _model_dtypes(self) -> tuple[torch.dtype, ...]:
@@ -311,12 +355,30 @@ class VllmBackend(Backend):
 
     def validate_configuration(self, *, head_size, dtype, kv_cache_dtype, block_size, use_kv_connector):
         """vLLM's own ``validate_configuration``: a decoder, no MLA/sinks/sparse, this device."""
+        capability = self._device_capability()
         known = dict(
             head_size=head_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype, block_size=block_size, use_mla=False,
             has_sink=False, use_sparse=False, use_mm_prefix=False, use_per_head_quant_scales=False,
-            device_capability=self._device_capability(), attn_type="decoder", use_kv_connector=use_kv_connector,
+            device_capability=capability, attn_type="decoder", use_kv_connector=use_kv_connector,
         )
-        return list(self._call(self.backend_cls.validate_configuration, known))
+        reasons = list(self._call(self.backend_cls.validate_configuration, known))
+        device_platform = self._device_platform()
+        if COMPUTE_CAPABILITY_REJECTED in reasons and self.platform not in (device_platform, "cpu"):
+            # A backend of another platform (ROCm on an NVIDIA device): vLLM would never select
+            # it here, so its validation on this device says nothing about the backend.
+            raise OpUnavailable(
+                f"vLLM's {self.vllm_name}.validate_configuration rejects this {device_platform} device's compute capability "
+                f"{capability.major}.{capability.minor} ('{COMPUTE_CAPABILITY_REJECTED}'): a {self.platform} backend, not selectable here",
+                who=f"this machine ({device_platform} device)",
+            )
+        return reasons
+
+    @staticmethod
+    def _device_platform() -> str:
+        from vllm.platforms import current_platform
+
+        name = type(current_platform).__name__.lower()
+        return next((p for p in ("rocm", "cuda") if p in name), "cpu")
 
     def selection_order(self, *, use_kv_connector):
         """The platform module's ``_get_backend_priorities`` for a non-MLA, non-sparse decoder."""

@@ -25,7 +25,7 @@ import threading
 
 import pytest
 
-from . import collection, options
+from . import collection, options, run_defaults
 
 ENTRY_POINT = "kvconform"
 FAMILIES = ("shape", "split", "write", "shuffle", "swap", "copy", "read", "gating", "equivalence")
@@ -111,7 +111,13 @@ class SuiteRun:
             known = expectations.parse(opts.expectations) if opts.expectations else []
         except expectations.ExpectationsError as exc:
             raise pytest.UsageError(f"--kvc-expectations: {exc}") from exc
-        run = cls(options=opts, backends=_load_backends(opts.backends), expectations=known, compare=_load_compare(opts.compare_digests))
+        backends = _load_backends(opts.backends)
+        try:  # options not given, from what the backends declare (run_defaults.py)
+            opts = dataclasses.replace(opts, standard=run_defaults.standard(opts.standard, backends, explicit=bool(opts.backends)),
+                                       timeout=run_defaults.timeout(opts.timeout, backends))
+        except run_defaults.UsageError as exc:
+            raise pytest.UsageError(str(exc)) from exc
+        run = cls(options=opts, backends=backends, expectations=known, compare=_load_compare(opts.compare_digests))
         if not hasattr(config, "workerinput"):  # xdist workers send their reports to the controller
             from .recorder import ResultRecorder, environment
 
@@ -233,7 +239,7 @@ def pytest_generate_tests(metafunc):
     params, ids = [], []
     for loaded in run.backends.values():
         if loaded.backend is None:
-            layouts = [unavailable_backend(loaded.name, loaded.unavailable) if loaded.unavailable else None]
+            layouts = [unavailable_backend(loaded.name, loaded.unavailable, loaded.out_of_scope) if loaded.unavailable else None]
         else:
             layouts = layouts_for(loaded.backend, kind, run.options.standard)
         for layout in layouts:
@@ -332,6 +338,16 @@ def exported_digests(request):
 
 
 # ----------------------------------------------------------------------------- 5. running and recording
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """Per-example applicability and per-path block sizes (examples.py)."""
+    if RUN not in pyfuncitem.config.stash or "case" not in pyfuncitem.funcargs:
+        return None
+    from .examples import call_check
+
+    return call_check(pyfuncitem)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """--kvc-timeout watchdog: a hung test (a kernel that never returns, a Hypothesis loop that
@@ -368,6 +384,14 @@ def pytest_runtest_makereport(item, call):
 
     from .applicability import NotApplicable, NotApplicableHere
 
+    from hypothesis.errors import Unsatisfiable
+
+    from .examples import unsatisfiable_reason
+
+    if call.excinfo.errisinstance(Unsatisfiable) and "case" in getattr(item, "funcargs", {}):
+        unsatisfied = unsatisfiable_reason(item.funcargs["case"])
+        if unsatisfied is not None:
+            call.excinfo = pytest.ExceptionInfo.from_exception(unsatisfied)
     if call.excinfo.errisinstance((OpUnavailable, NotApplicableHere)):
         # The backend's real code path cannot run here (e.g. a compiled op absent): N/A, not a pass.
         exc = call.excinfo.value

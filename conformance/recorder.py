@@ -124,6 +124,8 @@ class ResultRecorder:
             "not_applicable": props.get("not_applicable") if outcome == "not-applicable" else None,
             "failure": props.get("failure"), "raised": this_phase.get("raised"),
             "digest": props.get("digest"),
+            # cases of this test that could not run here while others did (examples.py)
+            "examples_not_applicable": props.get("examples_not_applicable"), "block_sizes": props.get("block_sizes"),
         }
 
     def document(self) -> dict:
