@@ -539,6 +539,22 @@ class CrossLayerPackedLayerOutermost(Mutant):
         return view_over(buffer, spec, R.standardized("LBHNC").view_shape_strides(spec.geometry))
 
 
+class E5m2CacheWrittenAsE4m3(Mutant):
+    """An ``fp8_e5m2`` cache written with the platform's e4m3 codes (vLLM 0.33.0's TRITON_ATTN and
+    Triton flash writer view every fp8 cache as ``current_platform.fp8_dtype()``: seen on the
+    H200, docs/VLLM.md). The bytes are e4m3 while the cache says e5m2 (−2.75: e4m3fn c3, e5m2 c2)."""
+
+    catches = ("write", "equivalence")
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        g = spec.geometry
+        if g.dtype != torch.float8_e5m2:
+            return super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
+        as_e4m3 = dataclasses.replace(g, dtype=self.cache_dtype("fp8_e4m3", spec.model_dtype))
+        rows = [R.ops.encode(x, as_e4m3, scale, head_dim=1).view(torch.uint8).view(g.dtype) for x, scale in ((key, k_scale), (value, v_scale))]
+        place_rows(cache, spec, slot_mapping, rows)
+
+
 MUTANTS = {
     "kv_first_reported_as_blocks_first": KvFirstReportedAsBlocksFirst,
     "split_copies": SplitCopies,
@@ -574,4 +590,5 @@ MUTANTS = {
     "swap_only_below_two": SwapOnlyBelowTwo,
     "shuffle_dense_block_stride": ShuffleDenseBlockStride,
     "e3_cross_layer_packed_layer_outermost": CrossLayerPackedLayerOutermost,
+    "fp8_e5m2_written_as_e4m3": E5m2CacheWrittenAsE4m3,
 }

@@ -85,10 +85,10 @@ REGRESSIONS = {
         backend="vllm:FLASH_ATTN", select="gating",
         fails=("test_selector_offers_a_connector_configuration_only_backends_that_support_one",),
     ),
-    "hnd_alias_head_outermost": Regression(
-        "the legacy 'HND' layout name NIXL asks for resolves to LHBNC (heads outside blocks) instead of "
-        "LBHNC: with a connector, TRITON_ATTN runs a layout whose blocks are not one region each",
-        (Edit("vllm.config.cache", '    "HND": "LBHNC",\n', '    "HND": "LHBNC",\n'),),
+    "nixl_asks_head_outermost": Regression(
+        "NixlConnector asks for LHBNC (heads outside blocks) instead of LBHNC: with a connector, "
+        "TRITON_ATTN runs a layout whose blocks are not one region each",
+        (Edit("vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector", '        return "LBHNC"\n', '        return "LHBNC"\n'),),
         backend="vllm:TRITON_ATTN", select="gating or shape",
         fails=("test_connector_support_matches_the_layouts", "test_blocks_are_outermost_and_each_block_is_one_region"),
     ),

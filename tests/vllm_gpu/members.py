@@ -29,7 +29,7 @@ def members() -> dict:
             continue
         loaded = registry.load(f"vllm:{name}")
         if loaded.backend is None:
-            found[name] = {"imports": True, "standards": [], "load_error": loaded.error or loaded.unavailable}
+            found[name] = {"imports": True, "standards": [], "out_of_scope": loaded.out_of_scope, "load_error": loaded.error or loaded.unavailable}
         else:
             found[name] = {"imports": True, "standards": sorted(loaded.backend.capabilities.standards)}
     return found

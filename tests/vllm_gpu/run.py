@@ -6,6 +6,7 @@ temporary site directory and run the suite against every vLLM backend that impor
 For every ``AttentionBackendEnum`` member whose class imports (members.py), one pytest process
 per standard it declares — ``--standard e3`` for vLLM 0.33.0 backends, ``e1`` as well where an
 E1-era class declares it — quick profile, xdist ``-n 1`` so a crashed worker costs one test.
+Members the adapter finds out of scope (MLA, sparse, quantized-only caches) share one process.
 Writes into OUT_DIR: ``members.json``, ``<backend>-<standard>.json`` / ``.log`` per run,
 ``results.json`` (all runs merged) and ``matrix.txt`` (the terminal matrix). Run from the
 repository root; kvconform need not be installed (the root conftest.py loads the plugin).
@@ -55,22 +56,31 @@ def list_members(env: dict, out: Path) -> dict:
     return members
 
 
+OUT_OF_SCOPE = "out-of-scope"
+
+
 def runs_for(members: dict, only: set[str] | None) -> list[tuple[str, str]]:
-    """(member, standard) pairs: e3 always (the adapter's E3 path), e1 where declared."""
-    pairs = []
+    """(members, standard) runs: e3 always (the adapter's E3 path), e1 where declared; the
+    members the adapter finds out of scope (MLA, sparse, quantized-only: every check not
+    applicable) share one run, since each is only loaded and reported."""
+    runs, out_of_scope = [], []
     for name, facts in members.items():
         if not facts["imports"] or (only and name not in only):
             continue
-        pairs.append((name, "e3"))
+        if facts.get("out_of_scope"):
+            out_of_scope.append(name)
+            continue
+        runs.append((name, "e3"))
         if "e1" in facts.get("standards", ()):
-            pairs.append((name, "e1"))
-    return pairs
+            runs.append((name, "e1"))
+    return runs + ([(",".join(out_of_scope), "e3")] if out_of_scope else [])
 
 
-def run_one(name: str, standard: str, env: dict, out: Path, deadline: float) -> Path:
-    stem = f"{name}-{standard}"
+def run_one(names: str, standard: str, env: dict, out: Path, deadline: float) -> Path:
+    stem = f"{OUT_OF_SCOPE if ',' in names else names}-{standard}"
     json_path, log_path = out / f"{stem}.json", out / f"{stem}.log"
-    cmd = suite_command(*PLUGIN, "-q", "--kvc-backend", f"vllm:{name}", "--kvc-standard", standard, "--kvc-profile", "quick",
+    backends = ",".join(f"vllm:{name}" for name in names.split(","))
+    cmd = suite_command(*PLUGIN, "-q", "--kvc-backend", backends, "--kvc-standard", standard, "--kvc-profile", "quick",
                         "--kvc-json", str(json_path), "--kvc-html", str(out / f"{stem}.html"), "-n", "1", "--max-worker-restart", "100")
     started = time.monotonic()
     with open(log_path, "w") as log:
