@@ -260,7 +260,8 @@ class VllmBackend(Backend):
 
     def _no_op_because(self, op) -> str:
         return {"split": "its K/V split is inline in do_kv_cache_update", "write": "its impl has no do_kv_cache_update",
-                "copy": "this vLLM has no copy_kv_cache_blocks_inplace"}.get(op, "not in this vLLM")
+                "copy": "this vLLM has no copy_kv_cache_blocks_inplace",
+                "swap": f"{self._platform_cls.__name__} has no swap_out_blocks_to_host / insert_blocks_to_device"}.get(op, "not in this vLLM")
 
     def path_block_sizes(self, op, layout):
         # vLLM picks cache writers by block size (ROCM_ATTN: the compiled writer at 16 and 32,
@@ -332,7 +333,11 @@ class VllmBackend(Backend):
 
     def _ops(self) -> frozenset[str]:
         splits = hasattr(self.backend_cls.get_impl_cls(), "_split_kv_cache") or self.vllm_name == "ROCM_ATTN"
-        return frozenset({"write", "swap", "copy"} | ({"split"} if splits else set()))
+        return frozenset({"write", "copy"} | ({"split"} if splits else set()) | ({"swap"} if self._swaps() else set()))
+
+    def _swaps(self) -> bool:
+        """vLLM's CpuPlatform has no block swaps (nothing to offload to): only platforms that do."""
+        return all(hasattr(self._platform_cls, f) for f in ("swap_out_blocks_to_host", "insert_blocks_to_device"))
 
     def _declare(self) -> Capabilities:
         layouts = self._layouts()
@@ -635,7 +640,7 @@ class VllmE1Backend(VllmBackend):
     def _ops(self):
         # E1-era splits are inline in forward() (no split op); the write check covers them.
         impl_cls = self.backend_cls.get_impl_cls()
-        return frozenset({"swap"} | ({"write"} if hasattr(impl_cls, "do_kv_cache_update") else set()))
+        return frozenset(({"swap"} if self._swaps() else set()) | ({"write"} if hasattr(impl_cls, "do_kv_cache_update") else set()))
 
     def allocate(self, buffer, spec):
         """As the E1 worker: allocate the physical (stride-ordered) shape, permute back (§A.1)."""

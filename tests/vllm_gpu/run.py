@@ -1,7 +1,7 @@
 """On a GPU machine without a package registry: unpack the carry bundle (build_bundle.py) into a
 temporary site directory and run the suite against every vLLM backend that imports there.
 
-    python tests/vllm_gpu/run.py BUNDLE.tar.xz OUT_DIR [--jobs 8] [--only NAME,NAME] [--deadline S]
+    python tests/vllm_gpu/run.py BUNDLE.tar.xz OUT_DIR [--jobs 8] [--only NAME,NAME] [--deadline S] [-- PYTEST ARGS]
 
 For every ``AttentionBackendEnum`` member whose class imports (members.py), one pytest process
 per standard it declares — ``--standard e3`` for vLLM 0.33.0 backends, ``e1`` as well where an
@@ -76,12 +76,12 @@ def runs_for(members: dict, only: set[str] | None) -> list[tuple[str, str]]:
     return runs + ([(",".join(out_of_scope), "e3")] if out_of_scope else [])
 
 
-def run_one(names: str, standard: str, env: dict, out: Path, deadline: float) -> Path:
+def run_one(names: str, standard: str, env: dict, out: Path, deadline: float, extra: list[str]) -> Path:
     stem = f"{OUT_OF_SCOPE if ',' in names else names}-{standard}"
     json_path, log_path = out / f"{stem}.json", out / f"{stem}.log"
     backends = ",".join(f"vllm:{name}" for name in names.split(","))
     cmd = suite_command(*PLUGIN, "-q", "--kvc-backend", backends, "--kvc-standard", standard, "--kvc-profile", "quick",
-                        "--kvc-json", str(json_path), "--kvc-html", str(out / f"{stem}.html"), "-n", "1", "--max-worker-restart", "100")
+                        "--kvc-json", str(json_path), "--kvc-html", str(out / f"{stem}.html"), "-n", "1", "--max-worker-restart", "100", *extra)
     started = time.monotonic()
     with open(log_path, "w") as log:
         log.write(" ".join(cmd) + "\n")
@@ -112,7 +112,9 @@ def main(argv=None) -> None:
     parser.add_argument("--jobs", type=int, default=8, help="pytest processes at once (default 8)")
     parser.add_argument("--only", default="", help="comma-separated AttentionBackendEnum members (default: every one that imports)")
     parser.add_argument("--deadline", type=float, default=480.0, help="seconds for all runs; a run still going then is ended")
+    parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after '--': extra pytest arguments (e.g. --kvc-expectations FILE)")
     args = parser.parse_args(argv)
+    extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     deadline = time.monotonic() + args.deadline
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="vllm-gpu-") as tmp:
@@ -121,7 +123,7 @@ def main(argv=None) -> None:
         pairs = runs_for(members, set(filter(None, args.only.split(","))) or None)
         print(f"{len(members)} AttentionBackendEnum members, {sum(m['imports'] for m in members.values())} import; {len(pairs)} runs", flush=True)
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            paths = list(pool.map(lambda pair: run_one(*pair, env, args.out, deadline), pairs))
+            paths = list(pool.map(lambda pair: run_one(*pair, env, args.out, deadline, extra), pairs))
     merge(paths, args.out)
 
 
