@@ -282,7 +282,7 @@ class VllmBackend(Backend):
                 "vllm_shuffle_kv_cache": str(self.shuffle)}
 
     def arch(self):
-        if self.platform != "rocm":
+        if self.platform != "rocm" or self._device_platform() != "rocm":  # a ROCm backend on an NVIDIA GPU: the GPU's
             if torch.cuda.is_available():
                 major, minor = torch.cuda.get_device_capability()
                 return f"sm{major}{minor}"

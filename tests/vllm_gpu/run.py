@@ -8,7 +8,7 @@ per standard it declares — ``--standard e3`` for vLLM 0.33.0 backends, ``e1`` 
 E1-era class declares it — quick profile, xdist ``-n 1`` so a crashed worker costs one test.
 Members the adapter finds out of scope (MLA, sparse, quantized-only caches) share one process.
 Writes into OUT_DIR: ``members.json``, ``<backend>-<standard>.json`` / ``.log`` per run,
-``results.json`` (all runs merged) and ``matrix.txt`` (the terminal matrix). Run from the
+``results.json`` (all runs merged) and ``verdicts.txt`` (per backend: pass / n/a / fail). Run from the
 repository root; kvconform need not be installed (the root conftest.py loads the plugin).
 """
 
@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from kvconform.conformance.command import suite_command  # noqa: E402
 
 PLUGIN = ("-p", "tests.vllm_gpu.plugin")
+FAILING = ("failed", "error", "crashed", "timeout")
 
 
 def unpack(bundle: Path, into: Path) -> Path:
@@ -94,27 +95,50 @@ def run_one(names: str, standard: str, env: dict, out: Path, deadline: float, ex
     return json_path
 
 
+def verdicts(document: dict) -> str:
+    """One line per backend: passed / not applicable / failing records (the matrix has too many
+    columns for ~45 backends), then each failing check."""
+    counts, failing = {}, {}
+    for r in document["tests"]:
+        kind = {"passed": "pass", "not-applicable": "n/a", "expected-failure": "xfail"}.get(r["outcome"], "fail" if r["outcome"] in FAILING else r["outcome"])
+        counts.setdefault(r["backend"], {}).setdefault(kind, 0)
+        counts[r["backend"]][kind] += 1
+        if kind == "fail":
+            failing.setdefault(r["backend"], set()).add(f"{r['check']} [{r['outcome']}]")
+    lines = [f"{'backend':<36} {'pass':>5} {'n/a':>5} {'xfail':>5} {'fail':>5}"]
+    for backend in sorted(counts):
+        c = counts[backend]
+        lines.append(f"{backend:<36} {c.get('pass', 0):>5} {c.get('n/a', 0):>5} {c.get('xfail', 0):>5} {c.get('fail', 0):>5}")
+    for backend, checks in sorted(failing.items()):
+        lines += [f"{backend} fails:"] + [f"  {check}" for check in sorted(checks)]
+    return "\n".join(lines) + "\n"
+
+
 def merge(paths: list[Path], out: Path) -> None:
     from kvconform.reports.cli import merged_document
-    from kvconform.reports.terminal import render
 
     documents = [json.loads(p.read_text()) for p in paths if p.exists()]
     if not documents:
         return
-    (out / "results.json").write_text(json.dumps(merged_document(documents), indent=1, default=str))
-    (out / "matrix.txt").write_text(render(documents, color=False, width=160))
+    merged = merged_document(documents)
+    (out / "results.json").write_text(json.dumps(merged, indent=1, default=str))
+    (out / "verdicts.txt").write_text(verdicts(merged))
 
 
-def main(argv=None) -> None:
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The runner's options, and the pytest arguments after ``--``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bundle", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--jobs", type=int, default=8, help="pytest processes at once (default 8)")
     parser.add_argument("--only", default="", help="comma-separated AttentionBackendEnum members (default: every one that imports)")
     parser.add_argument("--deadline", type=float, default=480.0, help="seconds for all runs; a run still going then is ended")
-    parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after '--': extra pytest arguments (e.g. --kvc-expectations FILE)")
-    args = parser.parse_args(argv)
-    extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
+    split = argv.index("--") if "--" in argv else len(argv)
+    return parser.parse_args(argv[:split]), argv[split + 1:]
+
+
+def main(argv=None) -> None:
+    args, extra = parse(list(sys.argv[1:] if argv is None else argv))
     deadline = time.monotonic() + args.deadline
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="vllm-gpu-") as tmp:
