@@ -380,14 +380,14 @@ def pytest_runtest_makereport(item, call):
     report = yield
     if RUN not in item.config.stash or call.excinfo is None:
         return report
+    from hypothesis.errors import Unsatisfiable
+
     from kvconform.backends_under_test.contract import OpUnavailable
 
     from .applicability import NotApplicable, NotApplicableHere
-
-    from hypothesis.errors import Unsatisfiable
-
     from .examples import unsatisfiable_reason
 
+    # Hypothesis gave up because no generated example could run here: not applicable, with why.
     if call.excinfo.errisinstance(Unsatisfiable) and "case" in getattr(item, "funcargs", {}):
         unsatisfied = unsatisfiable_reason(item.funcargs["case"])
         if unsatisfied is not None:
