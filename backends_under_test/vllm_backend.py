@@ -82,11 +82,12 @@ def adapter_for(backend_cls, *, name: str | None = None, shuffle: bool = False) 
     """The adapter for the API this backend class exposes (0.33.0 or E1 era)."""
     vllm = import_vllm()
     name = name or backend_cls.get_name()
-    _check_scope(backend_cls, name)
     # A class that states its own shape is E1-era (0.33.0 backends dropped get_kv_cache_shape).
     if hasattr(backend_cls, "get_kv_cache_shape"):
+        _check_scope(backend_cls, name)
         return VllmE1Backend(backend_cls, name, shuffle)
     if hasattr(backend_cls, "supported_kv_cache_layouts") and _has_module("vllm.v1.kv_cache_layout"):
+        _check_scope(backend_cls, name)
         return VllmE3Backend(backend_cls, name, shuffle)
     raise RuntimeError(
         f"unsupported vLLM version {vllm.__version__}: backend {backend_cls.__name__} has neither "
