@@ -438,8 +438,28 @@ class ScribblesPastTheEnd(Mutant):
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
         super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
-        n = spec.layout.numel(spec.geometry)
-        torch.as_strided(cache, (n + 1,), (1,), cache.storage_offset())[n] = 0
+        g = spec.geometry
+        end = spec.layout.numel(g) * g.element_size
+        past_the_end(cache, end, g.element_size).zero_()
+
+
+class _RawMemory:
+    """``__array_interface__`` / ``__cuda_array_interface__`` over a raw address range."""
+
+    def __init__(self, address: int, nbytes: int, cuda: bool):
+        interface = {"data": (address, False), "shape": (nbytes,), "typestr": "|u1", "version": 3}
+        setattr(self, "__cuda_array_interface__" if cuda else "__array_interface__", interface)
+
+
+def past_the_end(cache: torch.Tensor, offset: int, nbytes: int) -> torch.Tensor:
+    """``nbytes`` at byte ``offset`` from the cache's start, as a kernel's pointer reaches them: past
+    the cache's storage when ``offset`` is its size (torch views stop at the storage; memory does not)."""
+    import numpy as np
+
+    start = cache.data_ptr() + offset
+    if cache.is_cuda:
+        return torch.as_tensor(_RawMemory(start, nbytes, cuda=True), device=cache.device)
+    return torch.from_numpy(np.asarray(_RawMemory(start, nbytes, cuda=False)))
 
 
 class DecodeIgnoresBlockTable(Mutant):
