@@ -34,9 +34,22 @@ class BackendUnavailable(Exception):
     installed): every check of it is *not applicable* with this message, never a failure."""
 
 
+class BackendOutOfScope(BackendUnavailable):
+    """Raised while constructing a backend that exists here but keeps no cache kvconform
+    specifies (vLLM's MLA backends: one latent cache, no K/V planes): every check of it is *not
+    applicable* as a fact of the backend (kind ``declaration``), never a failure."""
+
+
 class OpUnavailable(Exception):
     """Raised by an op whose real code path needs something this machine lacks (a compiled
-    extension, a GPU-only kernel): that check is *not applicable* with this message."""
+    extension, a GPU-only kernel): that check is *not applicable* with this message.
+
+    ``who`` names what lacks it when that is not simply "this machine" (e.g. "this machine's
+    vLLM build", or the library's own code rejecting this device)."""
+
+    def __init__(self, message: str, who: str | None = None):
+        super().__init__(message)
+        self.who = who
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -85,6 +98,7 @@ class Backend(abc.ABC):
     name: str
     platform: str = "cpu"  # "cuda" | "rocm" | "cpu"
     device: str = "cpu"
+    default_timeout: float | None = None  # seconds per test when the run gives no --kvc-timeout
 
     def __repr__(self) -> str:  # stable across runs (results must not differ by object address)
         return f"<backend {getattr(self, 'name', type(self).__name__)}>"
@@ -141,6 +155,22 @@ class Backend(abc.ABC):
         """vLLM ``AttentionBackend.supports_kv_connector()`` (default True, §C.1)."""
         return True
 
+    def selection_name(self) -> str:
+        """The name the code under test calls this backend by (what ``selection_order`` lists;
+        vLLM: the ``AttentionBackendEnum`` member, not ``vllm:NAME``). Every comparison of the
+        backend with a name from the code under test goes through this."""
+        return self.name
+
+    def undeclared_op(self, op: str) -> tuple[str, str]:
+        """(who, what) when ``op`` is not in ``capabilities.ops``: an adapter that does not drive
+        an op the library has says so, instead of blaming the library."""
+        return f"backend {self.name}", f"does not declare op '{op}'"
+
+    def path_block_sizes(self, op: str, layout: Layout) -> tuple[int, ...]:
+        """The declared block sizes at which ``op`` takes different code paths on ``layout``;
+        fixed (non-generated) checks of that op run at each. Default: the first declared."""
+        return self.capabilities.block_sizes[:1]
+
     # ---------------------------------------------------------------- connector ops (docs/CONNECTOR.md)
     def block_regions(self, cache, spec: CacheSpec, block_ids, heads: range | None = None) -> list[tuple[int, int]]:
         """``regions``: the byte ``(offset, length)`` runs, from the cache's first byte, that hold
@@ -179,7 +209,8 @@ class Backend(abc.ABC):
 
     def selection_order(self, *, use_kv_connector: bool) -> list[str] | None:
         """The platform selector's backend priority list for this configuration, by the names
-        backends report (vLLM ``_get_backend_priorities``, §C.3); None: no selector to check."""
+        backends report (``selection_name``; vLLM ``_get_backend_priorities``, §C.3); None: no
+        selector to check."""
         return None
 
     def connector_layouts(self) -> tuple[Layout, ...]:

@@ -440,8 +440,28 @@ class ScribblesPastTheEnd(Mutant):
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
         super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
-        n = spec.layout.numel(spec.geometry)
-        torch.as_strided(cache, (n + 1,), (1,), cache.storage_offset())[n] = 0
+        g = spec.geometry
+        end = spec.layout.numel(g) * g.element_size
+        past_the_end(cache, end, g.element_size).zero_()
+
+
+class _RawMemory:
+    """``__array_interface__`` / ``__cuda_array_interface__`` over a raw address range."""
+
+    def __init__(self, address: int, nbytes: int, cuda: bool):
+        interface = {"data": (address, False), "shape": (nbytes,), "typestr": "|u1", "version": 3}
+        setattr(self, "__cuda_array_interface__" if cuda else "__array_interface__", interface)
+
+
+def past_the_end(cache: torch.Tensor, offset: int, nbytes: int) -> torch.Tensor:
+    """``nbytes`` at byte ``offset`` from the cache's start, as a kernel's pointer reaches them: past
+    the cache's storage when ``offset`` is its size (torch views stop at the storage; memory does not)."""
+    import numpy as np
+
+    start = cache.data_ptr() + offset
+    if cache.is_cuda:
+        return torch.as_tensor(_RawMemory(start, nbytes, cuda=True), device=cache.device)
+    return torch.from_numpy(np.asarray(_RawMemory(start, nbytes, cuda=False)))
 
 
 class DecodeIgnoresBlockTable(Mutant):
@@ -707,6 +727,22 @@ class ConnectorDescriptorGuessesLayoutFromShape(Mutant):
         return super().layout_descriptor(cache, spec, **rank)
 
 
+class E5m2CacheWrittenAsE4m3(Mutant):
+    """An ``fp8_e5m2`` cache written with the platform's e4m3 codes (vLLM 0.33.0's TRITON_ATTN and
+    Triton flash writer view every fp8 cache as ``current_platform.fp8_dtype()``: seen on the
+    H200, docs/VLLM.md). The bytes are e4m3 while the cache says e5m2 (−2.75: e4m3fn c3, e5m2 c2)."""
+
+    catches = ("write", "equivalence")
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        g = spec.geometry
+        if g.dtype != torch.float8_e5m2:
+            return super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
+        as_e4m3 = dataclasses.replace(g, dtype=self.cache_dtype("fp8_e4m3", spec.model_dtype))
+        rows = [R.ops.encode(x, as_e4m3, scale, head_dim=1).view(torch.uint8).view(g.dtype) for x, scale in ((key, k_scale), (value, v_scale))]
+        place_rows(cache, spec, slot_mapping, rows)
+
+
 MUTANTS = {
     "kv_first_reported_as_blocks_first": KvFirstReportedAsBlocksFirst,
     "split_copies": SplitCopies,
@@ -751,4 +787,5 @@ MUTANTS = {
     "connector_handshake_accepts_inexact_fnuz_scale": ConnectorHandshakeAcceptsInexactFnuzScale,
     "connector_regions_dense_plane_block_stride": ConnectorRegionsDensePlaneBlockStride,
     "connector_descriptor_guesses_layout_from_shape": ConnectorDescriptorGuessesLayoutFromShape,
+    "fp8_e5m2_written_as_e4m3": E5m2CacheWrittenAsE4m3,
 }

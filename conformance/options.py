@@ -28,12 +28,14 @@ OPTIONS = (
     ("device", True, dict(default=None, help="device for caches (default: cuda if available, else cpu)")),
     ("seed", True, dict(type=int, default=0, help=f"seed for Hypothesis and all generated data, 0 to {SEED_RANGE[1]} (default 0)")),
     ("profile", True, dict(choices=PROFILES, default="quick", help="Hypothesis example budget: quick (6 examples, unshrunk) or full (80, shrunk)")),
-    ("standard", True, dict(choices=STANDARDS, default="e1", help="layout standard the shape/split checks hold backends to")),
+    ("standard", True, dict(choices=STANDARDS, default=None, help="layout standard the shape/split checks hold backends to "
+                                                                     "(default: the one the backends declare; e1 if none does)")),
     ("json", False, dict(default=DEFAULT_JSON, metavar="PATH", help="where to write per-test JSON results")),
     ("html", False, dict(default=None, metavar="PATH", help="where to write the HTML report (default: next to --kvc-json)")),
     ("huge", False, dict(action="store_true", help="also run the >2^31-element cache check on CPU (needs ~10 GiB RAM)")),
     ("timeout", False, dict(type=float, default=None, metavar="S",
-                            help="seconds per test; a test past it ends its process (use with xdist -n, or `kvconform run`) and is reported timeout")),
+                            help="seconds per test; a test past it ends its process (use with xdist -n, or `kvconform run`) and is reported timeout "
+                                 "(default: none, or the backends' own default: vllm:* 300 s)")),
     ("export-digests", True, dict(default=None, metavar="FILE", help="write this run's equivalence digests (for --compare-digests on another machine)")),
     ("compare-digests", True, dict(default=None, metavar="FILE", help="compare this run's digests with a file written by --export-digests")),
     ("expectations", True, dict(default=None, metavar="FILE", help="vendor expectations file: known failures do not fail the run (docs/EXPECTATIONS.md)")),

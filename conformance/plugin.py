@@ -25,7 +25,7 @@ import threading
 
 import pytest
 
-from . import collection, options
+from . import collection, options, run_defaults
 
 ENTRY_POINT = "kvconform"
 FAMILIES = ("shape", "split", "write", "shuffle", "swap", "copy", "read", "gating", "equivalence", "connector")
@@ -128,6 +128,11 @@ class SuiteRun:
         except expectations.ExpectationsError as exc:
             raise pytest.UsageError(f"--kvc-expectations: {exc}") from exc
         backends, left_out = _load_backends(opts.backends)
+        try:  # options not given, from what the backends declare (run_defaults.py)
+            opts = dataclasses.replace(opts, standard=run_defaults.standard(opts.standard, backends, explicit=bool(opts.backends)),
+                                       timeout=run_defaults.timeout(opts.timeout, backends))
+        except run_defaults.UsageError as exc:
+            raise pytest.UsageError(str(exc)) from exc
         run = cls(options=opts, backends=backends, expectations=known, compare=_load_compare(opts.compare_digests), left_out=left_out)
         if controller:
             from .outputs import OutputError, ResultsLock
@@ -282,7 +287,7 @@ def pytest_generate_tests(metafunc):
     params, ids = [], []
     for loaded in run.backends.values():
         if loaded.backend is None:
-            layouts = [unavailable_backend(loaded.name, loaded.unavailable) if loaded.unavailable else None]
+            layouts = [unavailable_backend(loaded.name, loaded.unavailable, loaded.out_of_scope) if loaded.unavailable else None]
         else:
             layouts = layouts_for(loaded.backend, kind, run.options.standard)
         for layout in layouts:
@@ -381,6 +386,16 @@ def exported_digests(request):
 
 
 # ----------------------------------------------------------------------------- 5. running and recording
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """Per-example applicability and per-path block sizes (examples.py)."""
+    if RUN not in pyfuncitem.config.stash or "case" not in pyfuncitem.funcargs:
+        return None
+    from .examples import call_check
+
+    return call_check(pyfuncitem)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """--kvc-timeout watchdog: a hung test (a kernel that never returns, a Hypothesis loop that
@@ -413,10 +428,18 @@ def pytest_runtest_makereport(item, call):
     report = yield
     if RUN not in item.config.stash or call.excinfo is None:
         return report
+    from hypothesis.errors import Unsatisfiable
+
     from kvconform.backends_under_test.contract import OpUnavailable
 
     from .applicability import NotApplicable, NotApplicableHere
+    from .examples import unsatisfiable_reason
 
+    # Hypothesis gave up because no generated example could run here: not applicable, with why.
+    if call.excinfo.errisinstance(Unsatisfiable) and "case" in getattr(item, "funcargs", {}):
+        unsatisfied = unsatisfiable_reason(item.funcargs["case"])
+        if unsatisfied is not None:
+            call.excinfo = pytest.ExceptionInfo.from_exception(unsatisfied)
     if call.excinfo.errisinstance((OpUnavailable, NotApplicableHere)):
         # The backend's real code path cannot run here (e.g. a compiled op absent): N/A, not a pass.
         exc = call.excinfo.value

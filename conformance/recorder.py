@@ -195,6 +195,8 @@ class ResultRecorder:
             "failure": props.get("failure"), "raised": this_phase.get("raised"),
             "digest": props.get("digest"), "hypothesis_draw": self._draw(report, outcome),
             "interop": props.get("interop"),
+            # cases of this test that could not run here while others did (examples.py)
+            "examples_not_applicable": props.get("examples_not_applicable"), "block_sizes": props.get("block_sizes"),
         }
 
     @staticmethod
