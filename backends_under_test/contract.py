@@ -16,9 +16,15 @@ import dataclasses
 
 import torch
 
+from kvconform import compat
 from kvconform.reference import Geometry, Layout, fp8
+from kvconform.reference import connector as conn
 
-OPS = frozenset({"write", "split", "swap", "copy", "decode"})
+# What a connector-facing backend may declare besides (docs/CONNECTOR.md): byte regions of
+# blocks and head slices, a wire form (export + import), import across block sizes, and its
+# own handshake verdict on a peer.
+CONNECTOR_OPS = frozenset({"regions", "wire", "reblock", "handshake"})
+OPS = frozenset({"write", "split", "swap", "copy", "decode"}) | CONNECTOR_OPS
 STANDARDS = frozenset({"e1", "e3"})
 CONNECTOR_NOT_SUPPORTED = "KV connector not supported"
 
@@ -28,9 +34,22 @@ class BackendUnavailable(Exception):
     installed): every check of it is *not applicable* with this message, never a failure."""
 
 
+class BackendOutOfScope(BackendUnavailable):
+    """Raised while constructing a backend that exists here but keeps no cache kvconform
+    specifies (vLLM's MLA backends: one latent cache, no K/V planes): every check of it is *not
+    applicable* as a fact of the backend (kind ``declaration``), never a failure."""
+
+
 class OpUnavailable(Exception):
     """Raised by an op whose real code path needs something this machine lacks (a compiled
-    extension, a GPU-only kernel): that check is *not applicable* with this message."""
+    extension, a GPU-only kernel): that check is *not applicable* with this message.
+
+    ``who`` names what lacks it when that is not simply "this machine" (e.g. "this machine's
+    vLLM build", or the library's own code rejecting this device)."""
+
+    def __init__(self, message: str, who: str | None = None):
+        super().__init__(message)
+        self.who = who
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -81,6 +100,7 @@ class Backend(abc.ABC):
     name: str
     platform: str = "cpu"  # "cuda" | "rocm" | "cpu"
     device: str = "cpu"
+    default_timeout: float | None = None  # seconds per test when the run gives no --kvc-timeout
 
     def __repr__(self) -> str:  # stable across runs (results must not differ by object address)
         return f"<backend {getattr(self, 'name', type(self).__name__)}>"
@@ -137,9 +157,62 @@ class Backend(abc.ABC):
         """vLLM ``AttentionBackend.supports_kv_connector()`` (default True, SPEC GATE-SUPPORT)."""
         return True
 
+    def selection_name(self) -> str:
+        """The name the code under test calls this backend by (what ``selection_order`` lists;
+        vLLM: the ``AttentionBackendEnum`` member, not ``vllm:NAME``). Every comparison of the
+        backend with a name from the code under test goes through this."""
+        return self.name
+
+    def undeclared_op(self, op: str) -> tuple[str, str]:
+        """(who, what) when ``op`` is not in ``capabilities.ops``: an adapter that does not drive
+        an op the library has says so, instead of blaming the library."""
+        return f"backend {self.name}", f"does not declare op '{op}'"
+
+    def path_block_sizes(self, op: str, layout: Layout) -> tuple[int, ...]:
+        """The declared block sizes at which ``op`` takes different code paths on ``layout``;
+        fixed (non-generated) checks of that op run at each. Default: the first declared."""
+        return self.capabilities.block_sizes[:1]
+
+    # ---------------------------------------------------------------- connector ops (docs/CONNECTOR.md)
+    def block_regions(self, cache, spec: CacheSpec, block_ids, heads: range | None = None) -> list[tuple[int, int]]:
+        """``regions``: the byte ``(offset, length)`` runs, from the cache's first byte, that hold
+        ``block_ids`` — every layer, K and V, every slot — of this rank's KV heads ``heads``
+        (all when None), as a connector registers them for a transfer."""
+        raise NotImplementedError
+
+    def wire_layout(self, spec: CacheSpec) -> Layout:
+        """The layout of this backend's wire form (default: canonical bytes, per block every
+        layer, K then V, ``[N][H][D]``)."""
+        return conn.CANONICAL_WIRE
+
+    def export_blocks(self, cache, spec: CacheSpec, block_ids, heads: range | None = None) -> conn.Wire:
+        """``wire``: the blocks (heads ``heads`` only, when given) in this backend's wire form,
+        bit for bit."""
+        raise NotImplementedError
+
+    def import_blocks(self, cache, spec: CacheSpec, block_ids, wire: conn.Wire, heads: range | None = None, num_tokens: int | None = None) -> None:
+        """``wire``: place the wire's tokens into ``block_ids`` (heads ``heads``), in place, bit
+        for bit; ``reblock``: also when the wire's block size differs (token ``t`` of the wire
+        lands in ``block_ids[t // N]``, slot ``t % N``), stopping after ``num_tokens``."""
+        raise NotImplementedError
+
+    def layout_descriptor(self, cache, spec: CacheSpec, *, tp_rank: int = 0, tp_size: int = 1, total_kv_heads: int | None = None,
+                          k_scale: float | None = None, v_scale: float | None = None) -> dict:
+        """The ``kvconform.compat`` descriptor of ``cache``, as this rank's connector announces it
+        at handshake (default: from the declared layout)."""
+        return compat.describe(spec.layout, spec.geometry, tp_rank=tp_rank, tp_size=tp_size, total_kv_heads=total_kv_heads,
+                               kv_cache_dtype=spec.kv_cache_dtype, k_scale=k_scale, v_scale=v_scale,
+                               backend=getattr(self, "name", type(self).__name__), platform=self.platform, arch=self.arch())
+
+    def handshake(self, local: dict, remote: dict) -> compat.Verdict:
+        """``handshake``: this engine's (the consumer's) verdict on receiving blocks from the
+        peer ``remote`` — its connector's own compatibility check."""
+        raise NotImplementedError
+
     def selection_order(self, *, use_kv_connector: bool) -> list[str] | None:
         """The platform selector's backend priority list for this configuration, by the names
-        backends report (vLLM ``_get_backend_priorities``, SPEC GATE-SELECTOR); None: no selector to check."""
+        backends report (``selection_name``; vLLM ``_get_backend_priorities``, §C.3); None: no
+        selector to check."""
         return None
 
     def connector_layouts(self) -> tuple[Layout, ...]:

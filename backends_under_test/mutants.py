@@ -8,9 +8,11 @@ kernel gets them wrong — through the native tensor, with the wrong dim, stride
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import torch
 
+from kvconform import compat
 from kvconform import reference as R
 
 from .reference_backend import ReferenceBackend, flat_storage, view_over
@@ -437,8 +439,28 @@ class ScribblesPastTheEnd(Mutant):
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
         super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
-        n = spec.layout.numel(spec.geometry)
-        torch.as_strided(cache, (n + 1,), (1,), cache.storage_offset())[n] = 0
+        g = spec.geometry
+        end = spec.layout.numel(g) * g.element_size
+        past_the_end(cache, end, g.element_size).zero_()
+
+
+class _RawMemory:
+    """``__array_interface__`` / ``__cuda_array_interface__`` over a raw address range."""
+
+    def __init__(self, address: int, nbytes: int, cuda: bool):
+        interface = {"data": (address, False), "shape": (nbytes,), "typestr": "|u1", "version": 3}
+        setattr(self, "__cuda_array_interface__" if cuda else "__array_interface__", interface)
+
+
+def past_the_end(cache: torch.Tensor, offset: int, nbytes: int) -> torch.Tensor:
+    """``nbytes`` at byte ``offset`` from the cache's start, as a kernel's pointer reaches them: past
+    the cache's storage when ``offset`` is its size (torch views stop at the storage; memory does not)."""
+    import numpy as np
+
+    start = cache.data_ptr() + offset
+    if cache.is_cuda:
+        return torch.as_tensor(_RawMemory(start, nbytes, cuda=True), device=cache.device)
+    return torch.from_numpy(np.asarray(_RawMemory(start, nbytes, cuda=False)))
 
 
 class DecodeIgnoresBlockTable(Mutant):
@@ -760,6 +782,188 @@ class SplitVOffsetForTwoByteElements(Mutant):
         plane_bytes = g.block_size * g.num_kv_heads * g.head_size * 2
         return k, cache.as_strided(k.shape, k.stride(), k.storage_offset() + plane_bytes // g.element_size)
 
+# ----------------------------------------------------------------------------- connector
+def _proper_slice(heads, spec) -> bool:
+    return heads is not None and len(heads) < spec.geometry.num_kv_heads
+
+
+class ConnectorHeadSliceOffByOne(Mutant):
+    """Hetero-TP slices start one head late (wrapping): rank r's slice is taken at the head
+    offset of the next head, as an off-by-one in the rank → head arithmetic does (vllm#52516)."""
+
+    catches = ("connector",)
+    kills = ("test_head_slice_regions_cover_exactly_the_requested_heads", "test_resharding_gives_every_consumer_rank_exactly_its_heads",
+             "test_blocks_shipped_to_every_peer_land_as_the_compat_plan_says")
+
+    def _heads(self, heads, spec):
+        return [(h + 1) % spec.geometry.num_kv_heads for h in heads] if _proper_slice(heads, spec) else heads
+
+    def block_regions(self, cache, spec, block_ids, heads=None):
+        return super().block_regions(cache, spec, block_ids, self._heads(heads, spec))
+
+    def export_blocks(self, cache, spec, block_ids, heads=None):
+        return super().export_blocks(cache, spec, block_ids, self._heads(heads, spec))
+
+    def import_blocks(self, cache, spec, block_ids, wire, heads=None, num_tokens=None):
+        super().import_blocks(cache, spec, block_ids, wire, self._heads(heads, spec), num_tokens)
+
+
+def _as_if_head_major(layout):
+    """The layout with N and H swapped wherever N is outside H: what an HND-minded connector sees."""
+    def swap(dims):
+        dims = list(dims)
+        if "N" in dims and "H" in dims and dims.index("N") < dims.index("H"):
+            i, j = dims.index("N"), dims.index("H")
+            dims[i], dims[j] = dims[j], dims[i]
+        return tuple(dims)
+    return dataclasses.replace(layout, k_dims=swap(layout.k_dims), v_dims=swap(layout.v_dims), native=tuple((s,) for s in swap(layout.k_dims)), container=None)
+
+
+class ConnectorNhdSliceAsHnd(Mutant):
+    """Takes a head slice of an NHD (token-major) cache as if it were HND: one run per block
+    side at ``h0·N·D`` — the hetero-TP corruption NIXL forces HND against (F.11, vllm#46204)."""
+
+    catches = ("connector",)
+    kills = ("test_head_slice_regions_cover_exactly_the_requested_heads", "test_resharding_gives_every_consumer_rank_exactly_its_heads")
+
+    def _spec(self, spec, heads):
+        return dataclasses.replace(spec, layout=_as_if_head_major(spec.layout)) if _proper_slice(heads, spec) else spec
+
+    def block_regions(self, cache, spec, block_ids, heads=None):
+        return super().block_regions(cache, self._spec(spec, heads), block_ids, heads)
+
+    def export_blocks(self, cache, spec, block_ids, heads=None):
+        return super().export_blocks(cache, self._spec(spec, heads), block_ids, heads)
+
+    def import_blocks(self, cache, spec, block_ids, wire, heads=None, num_tokens=None):
+        super().import_blocks(cache, self._spec(spec, heads), block_ids, wire, heads, num_tokens)
+
+
+class ConnectorWireCastsValues(Mutant):
+    """Serialises the wire through fp32 values (``.float().to(dtype)``) where a bit copy was
+    meant: NaN payloads are canonicalised, fp8 NaN codes collapse to one."""
+
+    catches = ("connector",)
+    kills = ("test_exported_blocks_import_bit_for_bit",)
+
+    def export_blocks(self, cache, spec, block_ids, heads=None):
+        wire = super().export_blocks(cache, spec, block_ids, heads)
+        dtype = wire.geometry.dtype
+        cast = wire.data.view(dtype).float().to(dtype).view(torch.uint8)
+        return dataclasses.replace(wire, data=cast)
+
+
+class ConnectorImportIntoACopy(Mutant):
+    """The receive step works on a temporary (``cache.clone()``) instead of the cache in place:
+    every import vanishes (F.26, vllm#30448 review)."""
+
+    catches = ("connector",)
+    kills = ("test_exported_blocks_import_bit_for_bit",)
+
+    def import_blocks(self, cache, spec, block_ids, wire, heads=None, num_tokens=None):
+        super().import_blocks(cache.clone(), spec, block_ids, wire, heads, num_tokens)
+
+
+class ConnectorReblockDropsLastPartialBlock(Mutant):
+    """Re-blocking copies whole wire blocks only: the tokens of a last, partial block are lost."""
+
+    catches = ("connector",)
+    kills = ("test_block_size_translation_keeps_every_token",)
+
+    def import_blocks(self, cache, spec, block_ids, wire, heads=None, num_tokens=None):
+        if num_tokens is not None:
+            num_tokens -= num_tokens % wire.geometry.block_size
+        super().import_blocks(cache, spec, block_ids, wire, heads, num_tokens)
+
+
+class ConnectorHybridGroupOtherHeadSize(Mutant):
+    """Ships every layer group with the head size of the first cache the engine registered (one
+    ``block_len`` for all groups): a hybrid model's second group is sliced with the first's."""
+
+    catches = ("connector",)
+    kills = ("test_hybrid_model_groups_round_trip_each_with_its_own_geometry",)
+
+    def __init__(self):
+        super().__init__()
+        self._registered = []  # (weak reference to a live cache of this engine, its head size)
+
+    def allocate(self, buffer, spec):
+        cache = super().allocate(buffer, spec)
+        self._registered = [(ref, d) for ref, d in self._registered if ref() is not None] + [(weakref.ref(cache), spec.geometry.head_size)]
+        return cache
+
+    def _spec(self, spec):
+        first = next((d for ref, d in self._registered if ref() is not None), spec.geometry.head_size)
+        return dataclasses.replace(spec, geometry=dataclasses.replace(spec.geometry, head_size=first))
+
+    def export_blocks(self, cache, spec, block_ids, heads=None):
+        return super().export_blocks(cache, self._spec(spec), block_ids, heads)
+
+    def import_blocks(self, cache, spec, block_ids, wire, heads=None, num_tokens=None):
+        super().import_blocks(cache, self._spec(spec), block_ids, wire, heads, num_tokens)
+
+
+class ConnectorHandshakeAcceptsInexactFnuzScale(Gfx942Mutant):
+    """The handshake compares fp8 formats, not scales: an e4m3fn peer is accepted by this
+    e4m3fnuz engine at any scale ratio, though only consumer scales of twice the producer's
+    convert exactly (F.21: NIXL's compatibility hash sees neither format nor scale)."""
+
+    catches = ("connector",)
+    kills = ("test_handshake_accepts_exactly_the_peers_kvconform_compat_accepts",)
+
+    def handshake(self, local, remote):
+        formats = {local.get("fp8_format"), remote.get("fp8_format")}
+        if formats == {"float8_e4m3fn", "float8_e4m3fnuz"}:  # "the same e4m3, up to the ×2 convention"
+            factor = 0.5 if remote["fp8_format"] == "float8_e4m3fn" else 2.0
+            remote = {**remote, "k_scale": local["k_scale"] * factor, "v_scale": local["v_scale"] * factor}
+        return compat.check(remote, local)
+
+
+class ConnectorRegionsDensePlaneBlockStride(Mutant):
+    """Registers block ``b`` at ``b·page/2``: the block stride of a dense K/V plane, not the
+    blocks-first stride that spans both (the kernel- vs manager-block stride confusion, F.20)."""
+
+    catches = ("connector",)
+    kills = ("test_block_regions_cover_exactly_the_requested_blocks",)
+
+    def block_regions(self, cache, spec, block_ids, heads=None):
+        g = spec.geometry
+        half_page = spec.layout.strides(g)["B"] * g.element_size // 2
+        regions = []
+        for b in block_ids:
+            regions += [(offset - int(b) * half_page, length) for offset, length in super().block_regions(cache, spec, [b], heads)]
+        return regions
+
+
+class ConnectorDescriptorGuessesLayoutFromShape(Mutant):
+    """Describes the cache from its live shape: ``shape[0] == 2`` read as kv-first, which a
+    blocks-first cache of two blocks also has (F.25, LMCache#2494)."""
+
+    catches = ("connector",)
+    kills = ("test_layout_descriptor_describes_the_allocated_cache",)
+
+    def layout_descriptor(self, cache, spec, **rank):
+        if cache.shape[0] == 2:
+            spec = dataclasses.replace(spec, layout=R.kv_first("NHD"))
+        return super().layout_descriptor(cache, spec, **rank)
+
+
+class E5m2CacheWrittenAsE4m3(Mutant):
+    """An ``fp8_e5m2`` cache written with the platform's e4m3 codes (vLLM 0.33.0's TRITON_ATTN and
+    Triton flash writer view every fp8 cache as ``current_platform.fp8_dtype()``: seen on the
+    H200, docs/VLLM.md). The bytes are e4m3 while the cache says e5m2 (−2.75: e4m3fn c3, e5m2 c2)."""
+
+    catches = ("write", "equivalence")
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        g = spec.geometry
+        if g.dtype != torch.float8_e5m2:
+            return super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
+        as_e4m3 = dataclasses.replace(g, dtype=self.cache_dtype("fp8_e4m3", spec.model_dtype))
+        rows = [R.ops.encode(x, as_e4m3, scale, head_dim=1).view(torch.uint8).view(g.dtype) for x, scale in ((key, k_scale), (value, v_scale))]
+        place_rows(cache, spec, slot_mapping, rows)
+
+
 MUTANTS = {
     "kv_first_reported_as_blocks_first": KvFirstReportedAsBlocksFirst,
     "split_copies": SplitCopies,
@@ -807,4 +1011,14 @@ MUTANTS = {
     "decode_reads_first_layer": DecodeReadsFirstLayer,
     "block_copies_first_layer_only": BlockCopiesFirstLayerOnly,
     "split_v_offset_for_two_byte_elements": SplitVOffsetForTwoByteElements,
+    "connector_head_slice_off_by_one": ConnectorHeadSliceOffByOne,
+    "connector_nhd_slice_as_hnd": ConnectorNhdSliceAsHnd,
+    "connector_wire_casts_values": ConnectorWireCastsValues,
+    "connector_import_into_a_copy": ConnectorImportIntoACopy,
+    "connector_reblock_drops_last_partial_block": ConnectorReblockDropsLastPartialBlock,
+    "connector_hybrid_group_other_head_size": ConnectorHybridGroupOtherHeadSize,
+    "connector_handshake_accepts_inexact_fnuz_scale": ConnectorHandshakeAcceptsInexactFnuzScale,
+    "connector_regions_dense_plane_block_stride": ConnectorRegionsDensePlaneBlockStride,
+    "connector_descriptor_guesses_layout_from_shape": ConnectorDescriptorGuessesLayoutFromShape,
+    "fp8_e5m2_written_as_e4m3": E5m2CacheWrittenAsE4m3,
 }

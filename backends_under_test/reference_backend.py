@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from kvconform import compat
 from kvconform import reference as R
 
 from .contract import Backend, Capabilities, CacheSpec
@@ -32,7 +33,7 @@ class ReferenceBackend(Backend):
     def __init__(self, layouts=DEFAULT_LAYOUTS, standards=frozenset({"e1"})):
         self._capabilities = Capabilities(
             layouts=tuple(layouts),
-            ops=frozenset({"write", "split", "swap", "copy", "decode"}),
+            ops=frozenset({"write", "split", "swap", "copy", "decode", "regions", "wire", "reblock", "handshake"}),
             standards=standards,
             dtypes=(torch.bfloat16, torch.float16, torch.float32),
             kv_cache_dtypes=("auto", *R.fp8.KV_CACHE_DTYPES),
@@ -73,6 +74,18 @@ class ReferenceBackend(Backend):
             query, flat_storage(cache, spec), spec.layout, spec.geometry, block_table, seq_lens,
             scale=scale, k_scale=k_scale, v_scale=v_scale, layer=spec.layer,
         )
+
+    def block_regions(self, cache, spec, block_ids, heads=None):
+        return R.connector.byte_regions(spec.layout, spec.geometry, block_ids, heads)
+
+    def export_blocks(self, cache, spec, block_ids, heads=None):
+        return R.connector.export_blocks(flat_storage(cache, spec), spec.layout, spec.geometry, block_ids, heads, self.wire_layout(spec))
+
+    def import_blocks(self, cache, spec, block_ids, wire, heads=None, num_tokens=None):
+        R.connector.import_blocks(flat_storage(cache, spec), spec.layout, spec.geometry, block_ids, wire, heads, num_tokens)
+
+    def handshake(self, local, remote):
+        return compat.check(remote, local)
 
     def selection_order(self, *, use_kv_connector):
         """GATE-SELECTOR reduced to this backend: offered unless a connector is on and it cannot serve one."""

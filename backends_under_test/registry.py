@@ -9,7 +9,7 @@ import importlib
 import importlib.metadata
 import traceback
 
-from .contract import Backend, BackendUnavailable
+from .contract import Backend, BackendOutOfScope, BackendUnavailable
 
 BUILTIN = {
     "reference": "kvconform.backends_under_test.reference_backend:ReferenceBackend",
@@ -34,6 +34,7 @@ class Loaded:
     backend: Backend | None = None
     error: str | None = None
     unavailable: str | None = None  # its library is absent here: every check is not applicable
+    out_of_scope: bool = False  # `unavailable` says why the backend keeps no cache kvconform specifies
 
 
 def entry_points() -> dict[str, str]:
@@ -83,7 +84,7 @@ def load(name: str) -> Loaded:
         backend.name = name
         return Loaded(name, backend=backend)
     except BackendUnavailable as exc:
-        return Loaded(name, unavailable=str(exc))
+        return Loaded(name, unavailable=str(exc), out_of_scope=isinstance(exc, BackendOutOfScope))
     except Exception as exc:  # noqa: BLE001 - reported per backend, the session goes on
         tail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         return Loaded(name, error=tail)

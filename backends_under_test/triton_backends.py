@@ -22,6 +22,7 @@ from kvconform import reference as R
 
 from . import triton_kernels as K
 from .contract import Backend, Capabilities
+from .tensor_regions import IndexedView, regions_of
 
 
 def _platform() -> str:
@@ -44,7 +45,7 @@ class TritonBackend(Backend):
         self.platform = _platform()
         self.device = "cpu" if self.platform == "cpu" else "cuda"
         self._capabilities = Capabilities(
-            layouts=self.layouts, ops=frozenset({"write", "split", "swap", "copy", "decode"}),
+            layouts=self.layouts, ops=frozenset({"write", "split", "swap", "copy", "decode", "regions"}),
             standards=self.standards, dtypes=(torch.bfloat16, torch.float16),
             kv_cache_dtypes=("auto", *R.fp8.KV_CACHE_DTYPES), head_sizes=self.head_sizes, block_sizes=(16, 32),
             num_kv_heads=(1, 2, 3), scale_types=("tensor", "head"),
@@ -106,6 +107,14 @@ class TritonBackend(Backend):
 
     def copy_blocks(self, cache, block_mapping, spec):
         self._copy(cache, cache, block_mapping[:, 0], block_mapping[:, 1], spec)
+
+    def block_regions(self, cache, spec, block_ids, heads=None):
+        """What a connector registers for these blocks (heads): runs of the addresses the
+        kernel views reach — blocks on their dim 0, heads on dim 2 (``(B, N, H, D)``) or dim 1
+        (tiles ``[B, H, …]``)."""
+        head_dim = 2 if self.form == K.STRIDED else 1
+        views = [IndexedView(view, 0, head_dim) for view in self.kernel_views(cache, spec)]
+        return regions_of(views, cache, block_ids, heads)
 
     def supports_kv_connector(self):
         return self.connector

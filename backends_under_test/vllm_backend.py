@@ -35,7 +35,8 @@ import torch
 
 from kvconform import reference as R
 
-from .contract import Backend, BackendUnavailable, Capabilities, CacheSpec, OpUnavailable
+from . import vllm_connector
+from .contract import CONNECTOR_NOT_SUPPORTED, Backend, BackendOutOfScope, BackendUnavailable, Capabilities, CacheSpec, OpUnavailable
 
 SHUFFLE = "+shuffle"
 SHUFFLE_ENV = "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT"
@@ -43,7 +44,18 @@ SHUFFLE_ENV = "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT"
 TILES = {("ROCM_ATTN", False): "legacy", ("ROCM_ATTN", True): "legacy", ("ROCM_AITER_FA", True): "shuffle"}
 # Backends that only exist on NVIDIA: their block copies are CudaPlatform's.
 CUDA_ONLY = ("FLASH_ATTN", "FLASHINFER", "FLASH_ATTN_DIFFKV", "FLEX_ATTENTION")
+CPU_PREFIX = "CPU_"  # vLLM's CPU backends: their block copies are CpuPlatform's
 CANDIDATE_HEAD_SIZES = (64, 128, 80)
+WIDE_HEAD_SIZES = (256,)  # only for a backend that supports none of the above (TRITON_FLASH_ATTN)
+# Seconds per test unless --kvc-timeout says otherwise: a vLLM kernel that writes out of bounds
+# has hung an interpreter worker in a futex wait (> 20 min); the slowest passing test takes ~4 s.
+DEFAULT_TIMEOUT = 300.0
+# Ops vLLM has that the adapter does not drive (their N/A is the adapter's, not vLLM's).
+NOT_DRIVEN = {"decode": "does not drive vLLM's attention forward (paged decode), so the read checks do not run on vLLM"}
+COMPUTE_CAPABILITY_REJECTED = "compute capability not supported"  # vLLM's validate_configuration reason
+# validate_configuration reasons that name a compiled part this vLLM build lacks (the GPU carry
+# bundle has no FlashAttention extensions): not applicable here, not a finding.
+BUILD_LACKS = ("requires FlashAttention",)
 INTERPRETER_FP8 = (
     "not declared under TRITON_INTERPRET=1: the interpreter's fp8 casts drop the rounding carry "
     "(1.99 -> 1.0 in e4m3fn, 3.99 -> 2.0 in e4m3fnuz; Triton 3.9), so bytes would judge Triton, not vLLM"
@@ -73,14 +85,39 @@ def adapter_for(backend_cls, *, name: str | None = None, shuffle: bool = False) 
     name = name or backend_cls.get_name()
     # A class that states its own shape is E1-era (0.33.0 backends dropped get_kv_cache_shape).
     if hasattr(backend_cls, "get_kv_cache_shape"):
+        _check_scope(backend_cls, name)
         return VllmE1Backend(backend_cls, name, shuffle)
     if hasattr(backend_cls, "supported_kv_cache_layouts") and _has_module("vllm.v1.kv_cache_layout"):
+        _check_scope(backend_cls, name)
         return VllmE3Backend(backend_cls, name, shuffle)
     raise RuntimeError(
         f"unsupported vLLM version {vllm.__version__}: backend {backend_cls.__name__} has neither "
         "get_kv_cache_shape (E1 era, mid-2026) nor supported_kv_cache_layouts + vllm.v1.kv_cache_layout "
         "(0.33.0); kvconform's vLLM adapter knows those two APIs"
     )
+
+
+def _flag(backend_cls, name: str) -> bool:
+    value = getattr(backend_cls, name, False)  # a classmethod, or a plain class attribute on some
+    return bool(value() if callable(value) else value)
+
+
+def _check_scope(backend_cls, name: str) -> None:
+    """Backends that keep no K/V cache kvconform specifies are not applicable, not errors."""
+    if _flag(backend_cls, "is_mla"):
+        raise BackendOutOfScope(f"is vLLM's MLA backend {name}: one latent cache per block, no K and V planes; "
+                                "kvconform specifies K/V paged caches (SPEC.md §1)")
+    if _flag(backend_cls, "is_sparse"):
+        raise BackendOutOfScope(f"is vLLM's sparse-attention backend {name} (its validate_configuration rejects dense "
+                                "decoders); kvconform specifies dense K/V paged caches")
+    listed = getattr(backend_cls, "supported_kv_cache_dtypes", ["auto"])
+    if "auto" not in listed and not set(listed) & set(R.fp8.KV_CACHE_DTYPES):
+        raise BackendOutOfScope(f"is vLLM's {name}, which stores only {listed}: quantized cache formats kvconform does not "
+                                "specify (it specifies the model dtype and fp8)")
+    try:
+        backend_cls.get_impl_cls()
+    except NotImplementedError as exc:
+        raise BackendOutOfScope(f"is vLLM's {name}, which has no attention impl of its own to drive ({exc})") from exc
 
 
 def import_vllm():
@@ -137,17 +174,22 @@ def _aiter_ops():
         return None
 
 
-def _unavailable(exc: Exception) -> str | None:
-    """Why an exception means "this code path cannot run in this build", or None."""
+BUILD = "this machine's vLLM build"
+
+
+def _unavailable(exc: Exception) -> tuple[str, str] | None:
+    """(who lacks it, why) when an exception means "this code path cannot run here", or None."""
     text = str(exc)
     if isinstance(exc, AttributeError) and "_OpNamespace" in text:
-        return f"vLLM's compiled op is not in this build ({text}); this code path needs vLLM's CUDA/HIP extension"
+        return BUILD, f"vLLM's compiled op is not in this build ({text}); this code path needs vLLM's CUDA/HIP extension"
     if isinstance(exc, NameError):  # vLLM imports some kernels only when their extension loads
-        return f"vLLM did not define a kernel this path calls ({text}); its compiled extension is not available here"
-    if isinstance(exc, ModuleNotFoundError):
-        return f"this path imports a module that is not installed ({text})"
+        return BUILD, f"vLLM did not define a kernel this path calls ({text}); its compiled extension is not available here"
+    if isinstance(exc, ImportError):
+        return "this machine", f"this path imports a module that is not installed ({text})"
+    if isinstance(exc, NotImplementedError):  # e.g. FlashAttention without FA3: no fp8 cache
+        return "vLLM on this machine", f"vLLM does not implement this configuration here ({text})"
     if not torch.cuda.is_available() and ("not compiled with CUDA" in text or "NVIDIA driver" in text):
-        return f"this path needs a CUDA device ({text})"
+        return "this machine", f"this path needs a CUDA device ({text})"
     return None
 
 
@@ -156,23 +198,30 @@ def _real_code_path():
     """Turn "compiled extension absent" into OpUnavailable; every other exception stays."""
     try:
         yield
-    except (AttributeError, NameError, ModuleNotFoundError, AssertionError, RuntimeError) as exc:
-        reason = _unavailable(exc)
-        if reason is None:
+    except (AttributeError, NameError, ImportError, NotImplementedError, AssertionError, RuntimeError) as exc:
+        unavailable = _unavailable(exc)
+        if unavailable is None:
             raise
-        raise OpUnavailable(reason) from exc
+        who, reason = unavailable
+        raise OpUnavailable(reason, who=who) from exc
 
 
 @contextlib.contextmanager
-def _vllm_config():
-    """Some impls read the current VllmConfig in ``__init__``; outside an engine use the default."""
+def _vllm_config(block_size: int):
+    """Some impls read the current VllmConfig in ``__init__`` (B12X its block size); outside an
+    engine use the default, with the cache's block size."""
     from vllm.config import get_current_vllm_config_or_none, set_current_vllm_config
 
     if get_current_vllm_config_or_none() is not None:
         yield
         return
-    with set_current_vllm_config(_default_config()):
-        yield
+    config = _default_config()
+    previous, config.cache_config.block_size = config.cache_config.block_size, block_size
+    try:
+        with set_current_vllm_config(config):
+            yield
+    finally:
+        config.cache_config.block_size = previous
 
 
 @functools.cache
@@ -184,6 +233,8 @@ def _default_config():
 
 class VllmBackend(Backend):
     """What both API eras share: gating, the impl, block copies through the platform."""
+
+    default_timeout = DEFAULT_TIMEOUT
 
     def __init__(self, backend_cls, name: str, shuffle: bool):
         vllm = import_vllm()
@@ -201,6 +252,25 @@ class VllmBackend(Backend):
     def mode(self):
         return shuffle_mode(self.shuffle)
 
+    def selection_name(self) -> str:
+        return self.vllm_name  # the AttentionBackendEnum member vLLM's priority lists name
+
+    def undeclared_op(self, op):
+        if op in NOT_DRIVEN:
+            return f"kvconform's vLLM adapter (backend {self.name})", NOT_DRIVEN[op]
+        return f"vLLM {self._version} {self.vllm_name}", f"has no code path for op '{op}' ({self._no_op_because(op)})"
+
+    def _no_op_because(self, op) -> str:
+        return {"split": "its K/V split is inline in do_kv_cache_update", "write": "its impl has no do_kv_cache_update",
+                "copy": "this vLLM has no copy_kv_cache_blocks_inplace",
+                "swap": f"{self._platform_cls.__name__} has no swap_out_blocks_to_host / insert_blocks_to_device"}.get(op, "not in this vLLM")
+
+    def path_block_sizes(self, op, layout):
+        # vLLM picks cache writers by block size (ROCM_ATTN: the compiled writer at 16 and 32,
+        # Triton at other sizes); the adapter cannot tell where without restating vLLM's code,
+        # so fixed write checks run at every declared size (at most three, see _block_sizes).
+        return self.capabilities.block_sizes if op == "write" else self.capabilities.block_sizes[:1]
+
     @property
     def capabilities(self) -> Capabilities:
         return self._capabilities
@@ -214,7 +284,7 @@ class VllmBackend(Backend):
                 "vllm_shuffle_kv_cache": str(self.shuffle)}
 
     def arch(self):
-        if self.platform != "rocm":
+        if self.platform != "rocm" or self._device_platform() != "rocm":  # a ROCm backend on an NVIDIA GPU: the GPU's
             if torch.cuda.is_available():
                 major, minor = torch.cuda.get_device_capability()
                 return f"sm{major}{minor}"
@@ -229,6 +299,8 @@ class VllmBackend(Backend):
             return importlib.import_module("vllm.platforms.rocm").RocmPlatform
         if self.vllm_name in CUDA_ONLY:
             return importlib.import_module("vllm.platforms.cuda").CudaPlatform
+        if self.vllm_name.startswith(CPU_PREFIX):
+            return importlib.import_module("vllm.platforms.cpu").CpuPlatform
         from vllm.platforms import current_platform
 
         return type(current_platform)
@@ -244,8 +316,10 @@ class VllmBackend(Backend):
         supports = getattr(self.backend_cls, "supports_head_size", None)
         listed = self.backend_cls.get_supported_head_sizes() if hasattr(self.backend_cls, "get_supported_head_sizes") else []
         ok = [d for d in CANDIDATE_HEAD_SIZES if (d in listed if listed else supports is None or supports(d))]
+        ok = ok or [d for d in WIDE_HEAD_SIZES if (d in listed if listed else supports is None or supports(d))]
         if not ok:
-            raise ValueError(f"vllm:{self.vllm_name}: none of head sizes {CANDIDATE_HEAD_SIZES} is supported")
+            raise BackendOutOfScope(f"is vLLM's {self.vllm_name}, which supports none of the head sizes {CANDIDATE_HEAD_SIZES + WIDE_HEAD_SIZES} "
+                                    "kvconform's geometries use")
         return tuple(ok)
 
     def _model_dtypes(self) -> tuple[torch.dtype, ...]:
@@ -253,14 +327,19 @@ class VllmBackend(Backend):
         return tuple(d for d in (torch.bfloat16, torch.float16) if d in listed)
 
     def _kv_cache_dtypes(self) -> tuple[str, ...]:
-        if interpreted():  # see INTERPRETER_FP8
-            return ("auto",)
         listed = getattr(self.backend_cls, "supported_kv_cache_dtypes", ["auto"])
-        return ("auto", *(d for d in R.fp8.KV_CACHE_DTYPES if d in listed))
+        auto = ("auto",) if "auto" in listed else ()
+        if interpreted():  # see INTERPRETER_FP8
+            return auto or ("auto",)
+        return (*auto, *(d for d in R.fp8.KV_CACHE_DTYPES if d in listed))
 
     def _ops(self) -> frozenset[str]:
         splits = hasattr(self.backend_cls.get_impl_cls(), "_split_kv_cache") or self.vllm_name == "ROCM_ATTN"
-        return frozenset({"write", "swap", "copy"} | ({"split"} if splits else set()))
+        return frozenset({"write", "copy"} | ({"split"} if splits else set()) | ({"swap"} if self._swaps() else set()))
+
+    def _swaps(self) -> bool:
+        """vLLM's CpuPlatform has no block swaps (nothing to offload to): only platforms that do."""
+        return all(hasattr(self._platform_cls, f) for f in ("swap_out_blocks_to_host", "insert_blocks_to_device"))
 
     def _declare(self) -> Capabilities:
         layouts = self._layouts()
@@ -274,13 +353,45 @@ class VllmBackend(Backend):
     def impl(self, spec: CacheSpec):
         """The backend's AttentionImpl for this geometry (GQA: two query heads per KV head)."""
         g = spec.geometry
-        key = (g.num_kv_heads, g.head_size, spec.kv_cache_dtype)
+        key = (g.num_kv_heads, g.head_size, spec.kv_cache_dtype, g.block_size)
         if key not in self._impls:
+            if self._rejects_this_device is not None:
+                raise self._rejects_this_device
             impl_cls = self.backend_cls.get_impl_cls()
             args = (2 * g.num_kv_heads, g.head_size, g.head_size**-0.5, g.num_kv_heads, None, None, spec.kv_cache_dtype)
-            with self.mode(), _real_code_path(), _vllm_config():
+            with self.mode(), _real_code_path(), _vllm_config(g.block_size), self._foreign_impl():
                 self._impls[key] = impl_cls(*args)
         return self._impls[key]
+
+    def _foreign(self) -> bool:
+        """A backend of another platform than this device's (ROCm or CPU code on an NVIDIA GPU)."""
+        return self.platform != self._device_platform()
+
+    @contextlib.contextmanager
+    def _foreign_impl(self):
+        """A foreign backend's impl that cannot be built on this device is not applicable: vLLM
+        never builds it here (its own checks in __init__ say so, or it needs that platform's state)."""
+        try:
+            yield
+        except OpUnavailable:
+            raise
+        except Exception as exc:
+            if not self._foreign():
+                raise
+            raise OpUnavailable(f"vLLM's {self.vllm_name} impl cannot be built on this {self._device_platform()} device "
+                                f"({type(exc).__name__}: {exc}); it is a {self.platform} backend", who=f"this machine ({self._device_platform()} device)") from exc
+
+    @functools.cached_property
+    def _rejects_this_device(self) -> OpUnavailable | None:
+        """vLLM's validate_configuration of the first declared configuration rejects this device
+        (compute capability): the backend targets other hardware, nothing it runs here counts."""
+        caps = self.capabilities
+        try:
+            self.validate_configuration(head_size=caps.head_sizes[0], dtype=caps.dtypes[0], kv_cache_dtype=caps.kv_cache_dtypes[0],
+                                        block_size=caps.block_sizes[0], use_kv_connector=False)
+        except OpUnavailable as exc:
+            return exc if COMPUTE_CAPABILITY_REJECTED in str(exc) else None
+        return None
 
     @staticmethod
     def layer(k_scale: torch.Tensor, v_scale: torch.Tensor):
@@ -311,12 +422,34 @@ class VllmBackend(Backend):
 
     def validate_configuration(self, *, head_size, dtype, kv_cache_dtype, block_size, use_kv_connector):
         """vLLM's own ``validate_configuration``: a decoder, no MLA/sinks/sparse, this device."""
+        capability = self._device_capability()
         known = dict(
             head_size=head_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype, block_size=block_size, use_mla=False,
             has_sink=False, use_sparse=False, use_mm_prefix=False, use_per_head_quant_scales=False,
-            device_capability=self._device_capability(), attn_type="decoder", use_kv_connector=use_kv_connector,
+            device_capability=capability, attn_type="decoder", use_kv_connector=use_kv_connector,
         )
-        return list(self._call(self.backend_cls.validate_configuration, known))
+        reasons = list(self._call(self.backend_cls.validate_configuration, known))
+        device = self._device_platform()
+        beyond_connector = [r for r in reasons if r != CONNECTOR_NOT_SUPPORTED]
+        if COMPUTE_CAPABILITY_REJECTED in reasons or (self._foreign() and beyond_connector):
+            # A backend for other hardware (ROCm on an NVIDIA GPU, an SM120-only kernel on SM90):
+            # vLLM never selects it here, so its validation here says nothing about the backend.
+            raise OpUnavailable(
+                f"vLLM's {self.vllm_name}.validate_configuration rejects this {device} device (compute capability "
+                f"{capability.major}.{capability.minor}): {beyond_connector}; a backend for other hardware ({self.platform})",
+                who=f"this machine ({device} device)",
+            )
+        lacking = [r for r in reasons if any(part in r for part in BUILD_LACKS)]
+        if lacking:
+            raise OpUnavailable(f"vLLM's {self.vllm_name}.validate_configuration: {lacking}", who=BUILD)
+        return reasons
+
+    @staticmethod
+    def _device_platform() -> str:
+        from vllm.platforms import current_platform
+
+        name = type(current_platform).__name__.lower()
+        return next((p for p in ("rocm", "cuda") if p in name), "cpu")
 
     def selection_order(self, *, use_kv_connector):
         """The platform module's ``_get_backend_priorities`` for a non-MLA, non-sparse decoder."""
@@ -396,6 +529,16 @@ class VllmE3Backend(VllmBackend):
 
     def connector_layouts(self):
         return (self._connector_layout,)
+
+    def _ops(self):
+        # Regions are read off vLLM's [L, B, H, N, C] views; a kernel tile inside a 2-slot region is not.
+        return super()._ops() | ({"regions"} if self._tile is None else set())
+
+    def block_regions(self, cache, spec, block_ids, heads=None):
+        return vllm_connector.block_regions(self, cache, spec, block_ids, heads)
+
+    def layout_descriptor(self, cache, spec, **rank):
+        return vllm_connector.descriptor(self, cache, spec, **rank)
 
     def vllm_spec(self, spec: CacheSpec):
         from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
@@ -509,7 +652,7 @@ class VllmE1Backend(VllmBackend):
     def _ops(self):
         # E1-era splits are inline in forward() (no split op); the write check covers them.
         impl_cls = self.backend_cls.get_impl_cls()
-        return frozenset({"swap"} | ({"write"} if hasattr(impl_cls, "do_kv_cache_update") else set()))
+        return frozenset(({"swap"} if self._swaps() else set()) | ({"write"} if hasattr(impl_cls, "do_kv_cache_update") else set()))
 
     def allocate(self, buffer, spec):
         """As the E1 worker: allocate the physical (stride-ordered) shape, permute back (SPEC SHAPE-STRIDES)."""

@@ -41,7 +41,7 @@ class NotApplicable:
     @classmethod
     def from_op_unavailable(cls, backend_name: str, exc: OpUnavailable) -> "NotApplicable":
         """A backend's real code path cannot run on this machine (a compiled op is absent …)."""
-        return cls(MACHINE, "this machine", f"cannot run this code path of backend {backend_name}: {exc}")
+        return cls(MACHINE, exc.who or "this machine", f"cannot run this code path of backend {backend_name}: {exc}")
 
 
 class NotApplicableHere(Exception):
@@ -77,11 +77,19 @@ def _single_kv_head(ctx, _):
 
 
 def _selector(ctx, _):
-    return None if ctx.backend.selection_order(use_kv_connector=False) is not None else "has no platform selector to check"
+    backend = ctx.backend
+    without = backend.selection_order(use_kv_connector=False)
+    if without is None:
+        return "has no platform selector to check"
+    name = backend.selection_name()
+    if name not in without and name not in backend.selection_order(use_kv_connector=True):
+        # Offered neither way: a with/without comparison would pass whatever the selector does.
+        return f"platform selector of backend {backend.name}", f"lists {name} neither with nor without a connector ({without})"
+    return None
 
 
 def _op(ctx, name):
-    return None if name in ctx.backend.capabilities.ops else f"does not declare op '{name}'"
+    return None if name in ctx.backend.capabilities.ops else ctx.backend.undeclared_op(name)
 
 
 def _declared_standard(ctx, kind):
@@ -173,6 +181,7 @@ def _multi_layer(ctx, _):
 
 
 # need -> (kind, who, check(ctx, argument) -> what is missing, or None). Evaluated in this order.
+# A check may answer (who, what) when someone other than ``who`` lacks it.
 NEEDS = {
     "op": (DECLARATION, _backend, _op),
     "declared_standard": (DECLARATION, _backend, _declared_standard),
@@ -219,6 +228,8 @@ def not_applicable(ctx: Context, needs: list[tuple[str, object]]) -> NotApplicab
     for need, argument in needs:
         kind, who, check = NEEDS[need]
         what = check(ctx, argument)
+        if isinstance(what, tuple):
+            return NotApplicable(kind, *what)
         if what:
             return NotApplicable(kind, who(ctx), what)
     return None
@@ -240,6 +251,9 @@ def layouts_for(backend: Backend, kind: str, standard: str) -> list:
     return chosen or [NotApplicable(DECLARATION, f"backend {backend.name}", f"declares no {kind} layout")]
 
 
-def unavailable_backend(name: str, why: str) -> NotApplicable:
-    """The backend's library is absent here (vLLM not installed): nothing of it can run."""
+def unavailable_backend(name: str, why: str, out_of_scope: bool = False) -> NotApplicable:
+    """The backend's library is absent here (vLLM not installed): nothing of it can run. Or the
+    backend keeps no cache kvconform specifies (``out_of_scope``): a fact of the backend."""
+    if out_of_scope:
+        return NotApplicable(DECLARATION, f"backend {name}", why)
     return NotApplicable(MACHINE, "this machine", f"cannot load backend {name}: {why}")

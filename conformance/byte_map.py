@@ -1,9 +1,12 @@
 """Where a block's bytes should be vs where a backend put them — the data behind the report's
 SVG picture. One cell per (kv, slot, head) row of D elements, in physical order.
 
-Ownership is found by value: random fills make element values (almost) unique, so an element
-of the actual block whose bytes equal some logical element's expected bytes is that element's
-copy. A V row found in the K plane shows as a V-coloured cell among K cells.
+Ownership is found by row content: a logical row is D elements of seeded random data, so its
+bytes are (almost surely) unique in the cache even when single element values repeat — as
+they do for 1-byte fp8 and 2-byte bf16/fp16 caches, whose 256 or 65 536 values collide within
+a few hundred elements. The D elements the backend left at a row's place are that logical
+row's copy when they equal its expected bytes; a V row found in the K plane shows as a
+V-coloured cell among K cells, a row from another block names that block.
 """
 
 from __future__ import annotations
@@ -17,6 +20,18 @@ from .harness import GUARD, Arena
 MAX_ELEMENTS = 1 << 22  # no pictures for huge caches (the 2^31 check)
 
 
+def _row_owners(logical_rows: torch.Tensor, found_rows: torch.Tensor) -> torch.Tensor:
+    """For each found row, the index of the one logical row with the same elements, or -1
+    (no logical row has them, or several do: ownership would be a guess)."""
+    count = logical_rows.shape[0]
+    _, inverse = torch.unique(torch.cat([logical_rows, found_rows]), dim=0, return_inverse=True)
+    logical_ids, found_ids = inverse[:count], inverse[count:]
+    holders = torch.bincount(logical_ids, minlength=int(inverse.max()) + 1)
+    owner = torch.full_like(holders, -1)
+    owner[logical_ids] = torch.arange(count)
+    return torch.where(holders[found_ids] == 1, owner[found_ids], -1)
+
+
 def block_byte_map(expected: Arena, actual: Arena, layer: int, block: int) -> dict | None:
     """JSON-ready picture data for one (layer, block), or None when the cache is too large."""
     spec = actual.spec
@@ -27,28 +42,22 @@ def block_byte_map(expected: Arena, actual: Arena, layer: int, block: int) -> di
     want = expected.region.cpu().view(bits)
     got = actual.region.detach().cpu().view(bits)
     omap = R.offset_map(layout, g)  # (L, B, 2, N, H, D)
-    logical_values = want[omap.flatten()]
-    owner = {}  # value -> flat logical index, only for values that occur once
-    values, counts = torch.unique(logical_values, return_counts=True)
-    unique = set(values[counts == 1].tolist())
-    for index, value in enumerate(logical_values.tolist()):
-        if value in unique:
-            owner[value] = index
-    shape = R.logical_shape(g)
-    rows = omap[layer, block]  # (2, N, H, D)
+    row_offsets = omap[layer, block].reshape(-1, g.head_size)  # (2·N·H, D), rows in (kv, n, h) order
+    found = got[row_offsets]
+    ok = (found == want[row_offsets]).all(dim=1)
+    owners = _row_owners(want[omap.reshape(-1, g.head_size)], found)
+    rows_shape = R.logical_shape(g)[:5]  # (L, B, 2, N, H)
     cells = []
-    for kv in range(2):
-        for n in range(g.block_size):
-            for h in range(g.num_kv_heads):
-                offs = rows[kv, n, h]
-                found = [owner.get(v) for v in got[offs].tolist()]
-                ok = bool(torch.equal(got[offs], want[offs]))
-                holders = {tuple(int(c) for c in torch.unravel_index(torch.tensor(i), shape))[2:5] for i in found if i is not None}
-                actual_row = holders.pop() if len(holders) == 1 and None not in found else None
-                cells.append({
-                    "offset": int(offs.min()), "row": [kv, n, h], "ok": ok,
-                    "actual": list(actual_row) if actual_row else None,
-                })
+    for index in range(row_offsets.shape[0]):
+        kv, n, h = (int(i) for i in torch.unravel_index(torch.tensor(index), rows_shape[2:]))
+        cell = {"offset": int(row_offsets[index].min()), "row": [kv, n, h], "ok": bool(ok[index]), "actual": None}
+        owner = int(owners[index])
+        if not cell["ok"] and owner >= 0:
+            src_layer, src_block, src_kv, src_n, src_h = (int(i) for i in torch.unravel_index(torch.tensor(owner), rows_shape))
+            cell["actual"] = [src_kv, src_n, src_h]
+            if (src_layer, src_block) != (layer, block):
+                cell["actual_block"] = [src_layer, src_block]
+        cells.append(cell)
     cells.sort(key=lambda c: c["offset"])
     return {
         "layer": layer, "block": block, "layout": str(layout), "geometry": g.short(),

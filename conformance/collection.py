@@ -42,6 +42,19 @@ def targets_suite(arg: str, pyargs: bool, invocation_dir: Path) -> bool:
         return False
 
 
+def names_whole_suite(arg: str, pyargs: bool, invocation_dir: Path) -> bool:
+    """Does one pytest argument name the whole suite (not one of its modules or tests)?"""
+    target = str(arg)
+    if "::" in target:
+        return False
+    if pyargs and target == SUITE:
+        return True
+    try:
+        return (invocation_dir / target).resolve() == suite_dir()
+    except (OSError, ValueError):
+        return False
+
+
 def suite_requested(config) -> bool:
     return any(targets_suite(arg, config.option.pyargs, config.invocation_params.dir) for arg in config.args)
 

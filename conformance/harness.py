@@ -1,7 +1,8 @@
 """What every check needs: guarded cache arenas, the per-test case, and exact input data.
 
 An *arena* is one uint8 buffer: ``GUARD`` bytes, the cache, ``GUARD`` bytes, all filled with
-seeded random bytes. The backend builds its cache over the middle; the reference applies
+seeded random bytes. The backend builds its cache over the middle (a storage of exactly the
+cache's size: the guards are memory around it, not part of it); the reference applies
 the same op to a copy; the checks compare the whole arena, so a write anywhere it should
 not be — another slot, block or plane, padding, or past either end — is caught.
 """
@@ -58,6 +59,13 @@ class Case:
     record: callable  # record(key, value) into the test's results
     exercised: list = dataclasses.field(default_factory=list)  # what the test ran (exercised.py)
     huge: bool = False  # --kvc-huge: caches past 2^31 elements fully allocated and random-filled
+    block_size: int | None = None  # set while a fixed check runs at one of several block sizes
+    drawn: tuple | None = None  # the path-deciding key of the last spec made (examples.spec_key)
+
+    def __post_init__(self):
+        from .examples import Skipped
+
+        self.skipped = Skipped(self.record)  # examples/block sizes this machine cannot run
 
     def __repr__(self) -> str:  # stable across runs: reports must not differ by object addresses
         return f"Case(backend={self.backend.name!r}, layout={str(self.layout)!r}, device={self.device!r}, seed={self.seed})"
@@ -68,6 +76,8 @@ class Case:
         Dtypes not given follow ``g.dtype``: an fp8 storage dtype means the first declared fp8
         ``kv_cache_dtype`` that stores it (model dtype: the first declared), any other ``auto``.
         """
+        from .examples import spec_key
+
         caps = self.backend.capabilities
         if kv_cache_dtype is None:
             fp8 = [k for k in caps.kv_cache_dtypes if k in FP8_KV_CACHE_DTYPES and self.backend.cache_dtype(k, caps.dtypes[0]) == g.dtype]
@@ -75,6 +85,7 @@ class Case:
         if model_dtype is None:
             model_dtype = g.dtype if kv_cache_dtype == "auto" else caps.dtypes[0]
         spec = CacheSpec(layout=layout or self.layout, geometry=g, kv_cache_dtype=kv_cache_dtype, model_dtype=model_dtype, layer=layer)
+        self.drawn = spec_key(spec.layout, model_dtype, kv_cache_dtype, g)
         self.record("layout", str(spec.layout))
         self.record("geometry", g.short())
         self.record("kv_cache_dtype", kv_cache_dtype)
@@ -94,7 +105,7 @@ class Case:
         caps = self.backend.capabilities
         kv_cache_dtype = kv_cache_dtype or ("auto" if "auto" in caps.kv_cache_dtypes else caps.kv_cache_dtypes[0])
         model_dtype = model_dtype or caps.dtypes[0]
-        block_size = block_size or caps.block_sizes[0]
+        block_size = block_size or self.block_size or caps.block_sizes[0]
         head_size = head_size or next((d for d in caps.head_sizes if d != block_size), caps.head_sizes[0])
         heads = [h for h in caps.num_kv_heads if h not in (block_size, head_size)] or list(caps.num_kv_heads)
         return R.Geometry(
@@ -104,6 +115,7 @@ class Case:
 
     def allocate(self, spec: CacheSpec, *, host: bool = False, seed_offset: int = 0, zero: bool = False) -> Arena:
         """A guarded, random-filled (or zeroed) arena with the backend's cache built over its middle."""
+        self.skipped.raise_if_known(spec)  # after every draw: generation never depends on it
         nbytes = spec.layout.nbytes(spec.geometry)
         if zero or nbytes > HUGE_BYTES and self.device == "cpu":
             data = torch.zeros(2 * GUARD + nbytes, dtype=torch.uint8)  # fully allocated (lazily mapped arenas: big_caches.py)
@@ -116,8 +128,16 @@ class Case:
         else:
             buffer = data.to(self.device)
         arena = Arena(buffer, spec)
-        arena.cache = self.backend.allocate(arena.region, spec)
+        arena.cache = self.backend.allocate(storage_of_its_own(arena.region), spec)
         return arena
+
+
+def storage_of_its_own(region: torch.Tensor) -> torch.Tensor:
+    """``region`` as a tensor whose storage is exactly the cache: the guard bytes around it stay
+    in memory (and in every comparison) but outside the storage the backend sees, so code that
+    picks a path from ``untyped_storage().nbytes()`` (vLLM's whole-storage block copy) takes the
+    path a worker's exact-size allocation takes. DLPack shares the memory without copying."""
+    return torch.from_dlpack(region)
 
 
 def token_rows(spec: CacheSpec, rows: int, seed: int, *, contiguous: bool = False, magnitude: float = 4.0):

@@ -63,7 +63,9 @@ def _run_one(backend: str, out_dir: str, timeout: float, pytest_args: list[str])
     record = {"nodeid": f"conformance::{backend}", "backend": backend, "platform": "?", "arch": "", "family": "other",
               "check": "backend process", "outcome": "crashed", "message": f"pytest exited {proc.returncode} without results:\n{tail}",
               "failure": None, "duration_s": 0.0}
-    return proc.returncode, {"schema": SCHEMA, "environment": {"device": "?", "device_name": "?", "backends": {backend: {}}}, "tests": [record]}
+    crashed = {"complete": False, "reasons": [{"kind": "crashed", "what": f"the suite process for {backend} exited {proc.returncode} without results"}]}
+    return proc.returncode, {"schema": SCHEMA, "environment": {"device": "?", "device_name": "?", "backends": {backend: {}}},
+                             "completion": crashed, "tests": [record]}
 
 
 def run(backends: list[str], pytest_args: list[str], out_dir: str, timeout: float, jobs: int) -> int:

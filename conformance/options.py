@@ -10,10 +10,15 @@ conftests have registered theirs, for each name still free (:func:`add_aliases`)
 from __future__ import annotations
 
 import dataclasses
+import re
 
 PROFILES = ("quick", "full")
 STANDARDS = ("e1", "e3")
 DEFAULT_JSON = "kvconform-results/results.json"
+SEED_RANGE = (0, 2**32 - 1)  # data seeds are scaled (seed · 7919 + offset) inside torch's 64-bit generator range
+# A backend spec: a registered name, mutant:NAME, fault:NAME, vllm:NAME[+shuffle] or pkg.module:attr.
+_IDENT = r"[A-Za-z_]\w*"
+BACKEND_SPEC = re.compile(rf"[\w.\-]+|(mutant|fault):\w+|vllm:\w+(\+shuffle)?|{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*")
 
 # (name, short alias or None, argparse attributes)
 OPTIONS = (
@@ -21,15 +26,17 @@ OPTIONS = (
                            help="backend(s) to check, comma-separated or repeated: a registered name, 'mutant:NAME', "
                                 "'vllm:NAME[+shuffle]' or 'pkg.module:attr' (default: every built-in that loads here)")),
     ("device", True, dict(default=None, help="device for caches (default: cuda if available, else cpu)")),
-    ("seed", True, dict(type=int, default=0, help="seed for Hypothesis and all generated data (default 0)")),
+    ("seed", True, dict(type=int, default=0, help=f"seed for Hypothesis and all generated data, 0 to {SEED_RANGE[1]} (default 0)")),
     ("profile", True, dict(choices=PROFILES, default="quick", help="Hypothesis example budget: quick (6 examples, unshrunk) or full (80, shrunk)")),
-    ("standard", True, dict(choices=STANDARDS, default="e1", help="layout standard the shape/split checks hold backends to")),
+    ("standard", True, dict(choices=STANDARDS, default=None, help="layout standard the shape/split checks hold backends to "
+                                                                     "(default: the one the backends declare; e1 if none does)")),
     ("json", False, dict(default=DEFAULT_JSON, metavar="PATH", help="where to write per-test JSON results")),
     ("html", False, dict(default=None, metavar="PATH", help="where to write the HTML report (default: next to --kvc-json)")),
     ("huge", False, dict(action="store_true", help="allocate the >2^31-element probe caches in full on CPU and compare them whole "
                                                   "(needs ~10 GiB RAM; by default they are lazily mapped and only touched pages compared)")),
     ("timeout", False, dict(type=float, default=None, metavar="S",
-                            help="seconds per test; a test past it ends its process (use with xdist -n, or `kvconform run`) and is reported timeout")),
+                            help="seconds per test; a test past it ends its process (use with xdist -n, or `kvconform run`) and is reported timeout "
+                                 "(default: none, or the backends' own default: vllm:* 300 s)")),
     ("export-digests", True, dict(default=None, metavar="FILE", help="write this run's equivalence digests (for --compare-digests on another machine)")),
     ("compare-digests", True, dict(default=None, metavar="FILE", help="compare this run's digests with a file written by --export-digests")),
     ("expectations", True, dict(default=None, metavar="FILE", help="vendor expectations file: known failures do not fail the run (docs/EXPECTATIONS.md)")),
@@ -104,3 +111,41 @@ class RunOptions:
         """The options that reproduce this run's seed, profile, standard and device (canonical
         spellings: a repro line must mean the same inside any vendor repository)."""
         return ["--kvc-seed", str(self.seed), "--kvc-profile", self.profile, "--kvc-standard", self.standard, "--kvc-device", self.device]
+
+
+class OptionError(ValueError):
+    """A kvconform option that cannot be used as given; the message names it and what was expected."""
+
+
+def validate(options: RunOptions) -> None:
+    """Check every option before the first test (the output paths: outputs.py)."""
+    malformed = [name for name in options.backends if not BACKEND_SPEC.fullmatch(name)]
+    if malformed:
+        raise OptionError(
+            f"--kvc-backend: malformed backend spec(s) {', '.join(repr(n) for n in malformed)}; expected a registered name, "
+            "'mutant:NAME', 'fault:NAME', 'vllm:NAME[+shuffle]' or 'pkg.module:attr' (Python identifiers)"
+        )
+    low, high = SEED_RANGE
+    if not low <= options.seed <= high:
+        raise OptionError(f"--kvc-seed {options.seed}: expected an integer from {low} to {high}")
+    if options.timeout is not None and not options.timeout > 0:
+        raise OptionError(f"--kvc-timeout {options.timeout}: expected a positive number of seconds")
+    check_device(options.device)
+
+
+def check_device(device: str) -> None:
+    """The device must exist here: a cache is allocated on it once, up front."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise OptionError(f"--kvc-device {device!r}: not a device name ({exc}); expected cpu, cuda or cuda:N") from exc
+    if parsed.type == "meta":
+        raise OptionError(f"--kvc-device {device}: a meta tensor holds no bytes; expected cpu, cuda or cuda:N")
+    try:
+        torch.empty(1, device=parsed)
+    except Exception as exc:  # noqa: BLE001 - torch raises AssertionError, RuntimeError … depending on the build
+        here = "cpu" + (f", cuda:0 … cuda:{torch.cuda.device_count() - 1}" if torch.cuda.is_available() else "")
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise OptionError(f"--kvc-device {device}: not available on this machine ({reason}); devices here: {here}") from exc

@@ -25,10 +25,10 @@ import threading
 
 import pytest
 
-from . import collection, options
+from . import collection, options, run_defaults
 
 ENTRY_POINT = "kvconform"
-FAMILIES = ("shape", "split", "write", "shuffle", "swap", "copy", "read", "gating", "equivalence")
+FAMILIES = ("shape", "split", "write", "shuffle", "swap", "copy", "read", "gating", "equivalence", "connector")
 MARKERS = (
     "kvc_op(name): needs the backend to declare op NAME",
     "kvc_layouts(kind): which declared layouts to run on: all | tiled | standard | connector | none",
@@ -82,6 +82,7 @@ class SuiteRun:
     backends: dict  # name -> registry.Loaded
     expectations: list
     compare: dict | None
+    left_out: dict = dataclasses.field(default_factory=dict)  # default built-ins that cannot run here -> why
 
     @classmethod
     def start(cls, config) -> "SuiteRun":
@@ -89,6 +90,10 @@ class SuiteRun:
 
         if not torch.cuda.is_available():  # Triton kernels run on CPU through the interpreter
             os.environ.setdefault("TRITON_INTERPRET", "1")
+        if hasattr(config, "workerinput"):
+            # xdist workers already fill the cores: a second intra-op thread each makes every small
+            # indexing op wait on a descheduled OpenMP thread (12 ms instead of 10 µs, measured).
+            torch.set_num_threads(1)
         from hypothesis import HealthCheck, Phase, settings
         from hypothesis.configuration import set_hypothesis_home_dir
 
@@ -99,6 +104,17 @@ class SuiteRun:
             from .certify import pinned
 
             opts = pinned(config, opts)
+        try:
+            options.validate(opts)
+        except options.OptionError as exc:
+            raise pytest.UsageError(str(exc)) from exc
+        controller = not hasattr(config, "workerinput")  # xdist workers send their reports to the controller
+        if controller:
+            _check_outputs(config, opts)
+        else:
+            from .completeness import DeselectionTally
+
+            config.pluginmanager.register(DeselectionTally(config), "kvconform-deselected")
         # Hypothesis' scratch files go beside the results, never into the caller's tree or site-packages.
         set_hypothesis_home_dir(os.path.join(os.path.dirname(os.path.abspath(opts.json_path)), ".hypothesis"))
         profiles = {
@@ -115,17 +131,27 @@ class SuiteRun:
             known = expectations.parse(opts.expectations) if opts.expectations else []
         except expectations.ExpectationsError as exc:
             raise pytest.UsageError(f"--kvc-expectations: {exc}") from exc
-        backends = _load_backends(opts.backends)
+        backends, left_out = _load_backends(opts.backends)
+        try:  # options not given, from what the backends declare (run_defaults.py)
+            opts = dataclasses.replace(opts, standard=run_defaults.standard(opts.standard, backends, explicit=bool(opts.backends)),
+                                       timeout=run_defaults.timeout(opts.timeout, backends))
+        except run_defaults.UsageError as exc:
+            raise pytest.UsageError(str(exc)) from exc
         compare = _load_compare(opts.compare_digests)
         if compare is None and opts.certify:  # nothing waived: without another machine's file, compare with the reference's
             from .digests import reference_export
 
             compare = reference_export([layout for loaded in backends.values() if loaded.backend for layout in loaded.backend.capabilities.layouts])
-        run = cls(options=opts, backends=backends, expectations=known, compare=compare)
-        if not hasattr(config, "workerinput"):  # xdist workers send their reports to the controller
+        run = cls(options=opts, backends=backends, expectations=known, compare=compare, left_out=left_out)
+        if controller:
+            from .outputs import OutputError, ResultsLock
             from .recorder import ResultRecorder, environment
 
-            config.pluginmanager.register(ResultRecorder(run, environment(run, run.backend_facts())), "kvconform-results")
+            try:
+                lock = ResultsLock.acquire(opts.json_path)  # last: nothing below can refuse the run
+            except OutputError as exc:
+                raise pytest.UsageError(str(exc)) from exc
+            config.pluginmanager.register(ResultRecorder(run, environment(run, run.backend_facts()), lock), "kvconform-results")
             if opts.certify:
                 from .certify import Certifier
 
@@ -156,7 +182,32 @@ def _bf16():
     return torch.bfloat16
 
 
-def _load_backends(names: tuple[str, ...]) -> dict:
+def _check_outputs(config, opts: options.RunOptions) -> None:
+    """Every output path writable (outputs.py) and the expectations update unambiguous, before any test runs."""
+    from kvconform.reports import expectations
+
+    from .outputs import OutputError, check_writable
+
+    html = opts.html_path or os.path.splitext(opts.json_path)[0] + ".html"
+    paths = [("--kvc-json", opts.json_path), ("--kvc-html", html), ("--kvc-update-expectations", opts.update_expectations),
+             ("--kvc-export-digests", opts.export_digests), ("--junitxml", getattr(config.option, "xmlpath", None))]
+    try:
+        for option, path in paths:
+            if path:
+                check_writable(option, path)
+        target = opts.update_expectations
+        if target and os.path.exists(target):
+            if opts.expectations and not (os.path.exists(opts.expectations) and os.path.samefile(target, opts.expectations)):
+                raise OutputError(f"--kvc-update-expectations {target}: exists and is not the --kvc-expectations file "
+                                  f"{opts.expectations}; which entries to keep would be ambiguous. Pass the same file to update "
+                                  "it in place, or a path that does not exist yet")
+            expectations.parse(target)  # a file kvconform cannot read is never rewritten
+    except (OutputError, expectations.ExpectationsError) as exc:
+        raise pytest.UsageError(str(exc)) from exc
+
+
+def _load_backends(names: tuple[str, ...]) -> tuple[dict, dict]:
+    """The backends to run, and the default built-ins left out because they cannot load here."""
     from kvconform.backends_under_test import registry
 
     explicit = bool(names)
@@ -169,8 +220,10 @@ def _load_backends(names: tuple[str, ...]) -> dict:
         )
     loaded = {name: registry.load(name) for name in names}
     if not explicit:  # the default is every built-in that can run here
-        loaded = {n: l for n, l in loaded.items() if l.backend is not None} or loaded
-    return loaded
+        runnable = {n: l for n, l in loaded.items() if l.backend is not None}
+        if runnable:
+            return runnable, {n: l.unavailable or l.error for n, l in loaded.items() if n not in runnable}
+    return loaded, {}
 
 
 def _load_compare(path):
@@ -251,7 +304,7 @@ def pytest_generate_tests(metafunc):
     params, ids = [], []
     for loaded in run.backends.values():
         if loaded.backend is None:
-            layouts = [unavailable_backend(loaded.name, loaded.unavailable) if loaded.unavailable else None]
+            layouts = [unavailable_backend(loaded.name, loaded.unavailable, loaded.out_of_scope) if loaded.unavailable else None]
         else:
             layouts = layouts_for(loaded.backend, kind, run.options.standard)
         for layout in layouts:
@@ -354,6 +407,16 @@ def exported_digests(request):
 
 
 # ----------------------------------------------------------------------------- 5. running and recording
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """Per-example applicability and per-path block sizes (examples.py)."""
+    if RUN not in pyfuncitem.config.stash or "case" not in pyfuncitem.funcargs:
+        return None
+    from .examples import call_check
+
+    return call_check(pyfuncitem)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """--kvc-timeout watchdog: a hung test (a kernel that never returns, a Hypothesis loop that
@@ -386,10 +449,18 @@ def pytest_runtest_makereport(item, call):
     report = yield
     if RUN not in item.config.stash or call.excinfo is None:
         return report
+    from hypothesis.errors import Unsatisfiable
+
     from kvconform.backends_under_test.contract import OpUnavailable
 
     from .applicability import NotApplicable, NotApplicableHere
+    from .examples import unsatisfiable_reason
 
+    # Hypothesis gave up because no generated example could run here: not applicable, with why.
+    if call.excinfo.errisinstance(Unsatisfiable) and "case" in getattr(item, "funcargs", {}):
+        unsatisfied = unsatisfiable_reason(item.funcargs["case"])
+        if unsatisfied is not None:
+            call.excinfo = pytest.ExceptionInfo.from_exception(unsatisfied)
     if call.excinfo.errisinstance((OpUnavailable, NotApplicableHere)):
         # The backend's real code path cannot run here (e.g. a compiled op absent): N/A, not a pass.
         exc = call.excinfo.value

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from kvconform import reference as R
 from kvconform.backends_under_test.contract import CacheSpec
 
+from .examples import spec_key
 from .harness import Case
 
 
@@ -52,6 +53,7 @@ def specs(draw, case: Case, kv_cache_dtypes=None, num_blocks=(3, 6)) -> CacheSpe
     choices = geometry_choices(case, kv_cache_dtypes)
     if not choices:
         raise ValueError(f"{case.backend.name} declares no geometry its layout {case.layout} can hold")
+    case.skipped.candidates = {spec_key(case.layout, *choice) for choice in choices}  # what this test can draw (examples.py)
     model_dtype, kv_dtype, g = draw(st.sampled_from(choices), label="model dtype, kv_cache_dtype, geometry")
     g = dataclasses.replace(g, num_blocks=draw(st.integers(*num_blocks), label="num_blocks"))
     return case.spec(g, kv_dtype, model_dtype)

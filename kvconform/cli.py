@@ -5,13 +5,17 @@
     kvconform coverage [RUN.json …] [-o FILE]                                 (the coverage table; no runs: the built-ins')
     kvconform certify --backend a[,b] [--out DIR] [-- PYTEST ARGS]            (a certified run and its submission bundle)
     kvconform verify-submission BUNDLE                                        (re-check a submission bundle)
+    kvconform compat PRODUCER.json CONSUMER.json                              (KV-connector handshake check)
+    kvconform describe --backend NAME [--layout L] [--tp-size N] … [-o F]     (a backend's layout descriptors)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
+from kvconform import compat
 from kvconform.reports import cli as report_cli
 
 
@@ -19,6 +23,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvconform", description="kvconform: KV-cache layout conformance")
     sub = parser.add_subparsers(dest="command", required=True)
     report_cli.add_actions(sub.add_parser("report", help="render or merge result files").add_subparsers(dest="action", required=True))
+    compat.add_arguments(sub.add_parser("compat", help="may a producer's KV blocks land exactly in a consumer? (layout descriptors)"))
+    describer = sub.add_parser("describe", help="write a backend's layout descriptors (one per TP rank) for 'kvconform compat'")
+    describer.add_argument("--backend", required=True, help="a registered backend, vllm:NAME or pkg.module:attr")
+    describer.add_argument("--layout", help="era:alias of one of its declared layouts (default: the first)")
+    describer.add_argument("--kv-cache-dtype", default="auto")
+    for flag, default in (("--tp-size", 1), ("--total-kv-heads", 8), ("--head-size", 128), ("--block-size", 16), ("--num-blocks", 1024), ("--num-layers", 1)):
+        describer.add_argument(flag, type=int, default=default)
+    describer.add_argument("--k-scale", type=float, default=1.0, help="checkpoint k_scale (doubled where the cache stores e4m3fnuz)")
+    describer.add_argument("--v-scale", type=float, default=1.0)
+    describer.add_argument("-o", "--output", help="file to write (default: stdout)")
     run = sub.add_parser("run", help="run each backend in its own process (fault isolation) and merge")
     run.add_argument("--backend", required=True, help="comma-separated backends")
     run.add_argument("--out", default="kvconform-results", help="directory for per-backend and merged results")
@@ -44,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         return certify_run(args.backend, args.out, args.workers, _after_dashes(args.pytest_args))
     if args.command == "verify-submission":
         return verify_submission(args.bundle)
+    if args.command == "compat":
+        return compat.run(args)
+    if args.command == "describe":
+        return describe(args)
     from kvconform.conformance.isolation import run as run_isolated
 
     extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
@@ -106,4 +124,23 @@ def verify_submission(bundle: str) -> int:
         return 1
     checksum = submission.sha256_file(os.path.join(bundle, submission.SUMS))
     print(f"kvconform: ACCEPTED {bundle} (sha256 of {submission.SUMS} {checksum})")
+    return 0
+
+
+def describe(args) -> int:
+    from kvconform.backends_under_test.descriptors import describe_backend
+    from kvconform.reports.results import write_atomically
+
+    try:
+        descriptors = describe_backend(args.backend, args.layout, kv_cache_dtype=args.kv_cache_dtype, num_blocks=args.num_blocks, block_size=args.block_size,
+                                       total_kv_heads=args.total_kv_heads, head_size=args.head_size, num_layers=args.num_layers, tp_size=args.tp_size,
+                                       k_scale=args.k_scale, v_scale=args.v_scale)
+    except ValueError as exc:
+        print(f"kvconform describe: {exc}", file=sys.stderr)
+        return 2
+    text = json.dumps(descriptors if len(descriptors) > 1 else descriptors[0], indent=1) + "\n"
+    if args.output:
+        write_atomically(args.output, text)
+    else:
+        sys.stdout.write(text)
     return 0

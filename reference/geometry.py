@@ -45,7 +45,7 @@ class Geometry:
     @property
     def element_size(self) -> int:
         """``e``: bytes per element of the cache dtype."""
-        return torch.empty((), dtype=self.dtype).element_size()
+        return self.dtype.itemsize
 
     @property
     def x(self) -> int:

@@ -18,30 +18,32 @@ def logical_shape(g: Geometry) -> tuple[int, ...]:
     return (g.num_layers, g.num_blocks, 2, g.block_size, g.num_kv_heads, g.head_size)
 
 
-def logical_grid(g: Geometry, blocks=None) -> dict[str, torch.Tensor]:
+def logical_grid(g: Geometry, blocks=None, heads=None) -> dict[str, torch.Tensor]:
     """One broadcastable index tensor per logical coordinate, keyed like :data:`LOGICAL_DIMS`.
 
-    ``blocks`` restricts the block axis to those ids (in that order).
+    ``blocks`` restricts the block axis to those ids, ``heads`` the head axis to those heads
+    (in that order).
     """
     shape = logical_shape(g)
     grid = {}
+    chosen = {"block": blocks, "head": heads}
     for axis, (name, size) in enumerate(zip(LOGICAL_DIMS, shape)):
-        if name == "block" and blocks is not None:
-            values = torch.as_tensor(blocks, dtype=torch.int64).flatten().cpu()
-        else:
-            values = torch.arange(size, dtype=torch.int64)
+        values = torch.arange(size, dtype=torch.int64)
+        if chosen.get(name) is not None:
+            values = torch.as_tensor(chosen[name], dtype=torch.int64).flatten().cpu()
         view = [1] * len(shape)
         view[axis] = values.numel()
         grid[name] = values.view(view)
     return grid
 
 
-def offset_map(layout: Layout, g: Geometry, blocks=None) -> torch.Tensor:
+def offset_map(layout: Layout, g: Geometry, blocks=None, heads=None) -> torch.Tensor:
     """Element offsets of every logical element, shape ``(L, B, 2, N, H, D)``, int64.
 
-    With ``blocks``, only those blocks: shape ``(L, len(blocks), 2, N, H, D)``.
+    With ``blocks``, only those blocks: shape ``(L, len(blocks), 2, N, H, D)``; with
+    ``heads``, only those heads on the head axis.
     """
-    grid = logical_grid(g, blocks)
+    grid = logical_grid(g, blocks, heads)
     shape = torch.broadcast_shapes(*(t.shape for t in grid.values()))
     return layout.offsets(g, **grid).expand(shape).contiguous()
 

@@ -4,8 +4,9 @@
     kvconform report merge RUN1.json RUN2.json … -o merged.html [--json merged.json]
     kvconform report matrix RUN.json …          (terminal matrix)
 
-Merging puts runs from different machines side by side (columns backend@platform-arch) and
-refuses files of another results schema.
+Merging puts runs from different machines side by side (columns backend@platform-arch); it
+refuses files of another results schema, and two runs that hold the same column (the same
+backend on the same platform, or one file given twice): their counts would silently add up.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import argparse
 import json
 import sys
 
+from . import completion
 from .html import render_runs
-from .matrix import SchemaError, check_schema
+from .matrix import SchemaError, check_schema, column_of
 from .results import SCHEMA, read_json, write_atomically
 from .terminal import render
 
@@ -26,11 +28,22 @@ def load(path: str) -> dict:
     return document
 
 
+def check_distinct_columns(documents: list[dict], sources: list[str]) -> None:
+    """Refuse runs that share a column: merged, their records would double that column's counts."""
+    owner = {}
+    for document, source in zip(documents, sources):
+        for column in dict.fromkeys(column_of(r) for r in document["tests"]):
+            if column in owner:
+                raise SchemaError(f"{owner[column]} and {source} both hold column {column}: merging would add up two runs of the "
+                                  "same backend on the same platform; merge runs from different machines (or backends), or pick one")
+            owner[column] = source
+
+
 def merged_document(documents: list[dict]) -> dict:
     """One results document holding every run's records (environments kept per run)."""
     return {
         "schema": SCHEMA, "merged_from": [d["environment"] for d in documents],
-        "environment": documents[0]["environment"], "stale_expectations": [],
+        "environment": documents[0]["environment"], "completion": completion.merged(documents), "stale_expectations": [],
         "tests": [record for d in documents for record in d["tests"]],
     }
 
@@ -49,8 +62,10 @@ def add_actions(report) -> None:
 
 
 def run(args) -> int:
+    sources = [args.run] if args.action == "html" else args.runs
     try:
-        documents = [load(path) for path in ([args.run] if args.action == "html" else args.runs)]
+        documents = [load(path) for path in sources]
+        check_distinct_columns(documents, sources)
     except SchemaError as exc:
         print(f"kvconform: {exc}", file=sys.stderr)
         return 2

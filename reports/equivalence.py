@@ -20,14 +20,21 @@ RANK = ("differs", "fp8-conversion", "layout-conversion", "identical")
 
 
 def compare_entries(ours: dict, theirs: dict) -> str | None:
-    """None when equal (or exactly equivalent after fp8 conversion), else why not."""
+    """None when equal (or exactly equivalent after fp8 conversion), else why not. Every field
+    the entries carry is compared: a digest file is evidence only where all of it agrees."""
     sizes = lambda entry: entry["geometry"].rsplit("-", 1)[0]  # noqa: E731 - L, B, N, H, D; the dtype may differ (fn vs fnuz)
-    for field, here, there in (("era", ours["era"], theirs["era"]), ("layout", ours["layout_shape"], theirs["layout_shape"]),
+    for field, here, there in (("case", ours["case"], theirs["case"]), ("era", ours["era"], theirs["era"]),
+                               ("layout", ours["layout"], theirs["layout"]), ("layout_shape", ours["layout_shape"], theirs["layout_shape"]),
                                ("geometry", sizes(ours), sizes(theirs)), ("kv_cache_dtype", ours["kv_cache_dtype"], theirs["kv_cache_dtype"])):
         if here != there:
             return f"header mismatch: {field} {there!r} there, {here!r} here (same byte count is not the same layout)"
     if ours["fp8_format"] == theirs["fp8_format"]:
-        return None if ours["page"] == theirs["page"] else f"page digest {theirs['page'][:16]}… there, {ours['page'][:16]}… here"
+        for field in ("dtype", "geometry", "k_scale", "v_scale", "page", "canonical", "canonical_b64"):
+            if ours.get(field) != theirs.get(field):
+                shown = lambda v: f"{v[:16]}…" if isinstance(v, str) and len(v) > 16 else repr(v)  # noqa: E731
+                label = {"page": "page digest", "canonical": "canonical digest", "canonical_b64": "canonical bytes"}.get(field, field)
+                return f"{label} {shown(theirs.get(field))} there, {shown(ours.get(field))} here"
+        return None
     local = torch.frombuffer(bytearray(base64.b64decode(ours["canonical_b64"])), dtype=torch.uint8)
     remote = torch.frombuffer(bytearray(base64.b64decode(theirs["canonical_b64"])), dtype=torch.uint8)
     ratio = theirs["k_scale"] / ours["k_scale"]  # value kept: q_here · s_here = q_there · s_there

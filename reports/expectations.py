@@ -78,17 +78,56 @@ def stale(entries: list[Entry], records: list[dict]) -> list[Entry]:
     return [e for e in entries if not any(e.matches(r["nodeid"], record_tags(r)) for r in records)]
 
 
-def baseline(records: list[dict], entries: list[Entry]) -> str:
-    """An expectations file listing every current failure (keeps the reasons of matched entries)."""
-    lines = [
-        "# kvconform expectations — written by --update-expectations; replace 'untriaged' with a bug link.",
-        f"# {FORMAT}",
-    ]
-    for record in sorted(records, key=lambda r: r["nodeid"]):
-        if record["outcome"] not in ("failed", "error", "crashed", "timeout", "expected-failure"):
+HEADER = (
+    "# kvconform expectations — written by --update-expectations; replace 'untriaged' with a bug link.\n"
+    f"# {FORMAT}\n"
+)
+KNOWN_BAD = ("failed", "error", "crashed", "timeout", "expected-failure")
+NOT_RUN = ("not-applicable", "skipped")
+
+
+@dataclasses.dataclass
+class Update:
+    """The next baseline and what changed; ``text`` is the whole new file."""
+
+    text: str
+    kept_outside: int  # entries matching no test this run ran: outside its selection, kept as written
+    kept_failing: int  # entries whose tests still fail here
+    kept_wildcards_passing: list[Entry]  # patterns whose tests all passed here: may cover tests elsewhere, kept
+    removed: list[Entry]  # exact entries whose one test passed here
+    added: int  # new failures, as 'untriaged' lines
+
+
+def _is_exact(entry: Entry) -> bool:
+    return "*" not in entry.pattern and "?" not in entry.pattern
+
+
+def update(existing_text: str | None, existing: list[Entry], records: list[dict], gating: list[Entry]) -> Update:
+    """The next baseline from the file being updated (its text and entries), this run's records
+    and the entries that gated it (for reasons). Nothing outside the run's selection is lost:
+    an entry is removed only when it names exactly one test id and that test passed here."""
+    ran = [r for r in records if r["outcome"] not in NOT_RUN]
+    kept_outside = kept_failing = 0
+    wildcards, removed = [], []
+    for entry in existing:
+        matched = [r for r in ran if entry.matches(r["nodeid"], record_tags(r))]
+        if not matched:
+            kept_outside += 1
+        elif any(r["outcome"] in KNOWN_BAD for r in matched):
+            kept_failing += 1
+        elif _is_exact(entry):
+            removed.append(entry)
+        else:
+            wildcards.append(entry)
+    new_lines = []
+    for record in sorted(ran, key=lambda r: r["nodeid"]):
+        if record["outcome"] not in KNOWN_BAD or first_match(existing, record["nodeid"], record_tags(record)):
             continue
         tags = record_tags(record) - {record.get("backend")}
-        known = first_match(entries, record["nodeid"], record_tags(record))
+        known = first_match(gating, record["nodeid"], record_tags(record))
         outcome = "Crash" if record["outcome"] in ("crashed", "timeout") else (known.outcome if known else "Fail")
-        lines.append(f"{known.reason if known else 'untriaged'} [ {' '.join(sorted(tags))} ] {record['nodeid']} [ {outcome} ]")
-    return "\n".join(lines) + "\n"
+        new_lines.append(f"{known.reason if known else 'untriaged'} [ {' '.join(sorted(tags))} ] {record['nodeid']} [ {outcome} ]")
+    gone = {entry.line for entry in removed}
+    lines = [line for number, line in enumerate((existing_text or HEADER).splitlines(), start=1) if number not in gone]
+    return Update("\n".join(lines + new_lines) + "\n", kept_outside, kept_failing, wildcards, removed, len(new_lines))
+

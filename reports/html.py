@@ -8,6 +8,8 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from .coverage import SIZE_CLASSES, VALUE_CLASSES, is_fp8_label
 from .coverage import build as build_coverage
+from . import completion, interop
+from .draws import summary as draw_summary
 from .equivalence import equivalence_matrix
 from .matrix import build
 from .mutation import kill_rates
@@ -23,8 +25,11 @@ def render_runs(documents: list[dict]) -> str:
     stale = [entry for document in documents for entry in document.get("stale_expectations", [])]
     mutants, families = kill_rates(documents)
     eq_columns, eq_cells = equivalence_matrix(documents)
+    together = documents[0] if len(documents) == 1 else {"completion": completion.merged(documents)}
+    left_out = {name: why for d in documents for name, why in (completion.of(d).get("backends_left_out") or {}).items()}
     return _ENV.get_template("report.html.j2").render(
-        eq_columns=eq_columns if len(eq_columns) > 1 else [], eq_cells=eq_cells,
+        partial=completion.headline(together), left_out=left_out, draw_summary=draw_summary,
+        eq_columns=eq_columns if len(eq_columns) > 1 else [], eq_cells=eq_cells, interop=interop.build(documents),
         mutants=mutants, kill_families=families,
         runs=documents, matrix=build(documents), cell_text=cell_text, byte_map_svg=byte_map_svg,
         failing=FAILING, stale=stale, total=sum(len(d["tests"]) for d in documents),

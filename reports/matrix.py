@@ -27,8 +27,15 @@ def check_schema(document: dict, source: str) -> None:
 
 
 def column_of(record: dict) -> str:
+    """``backend@platform``: where the run ran. A backend that declares another platform than
+    the one it ran on is a model of that platform (reference_gfx942 on a CPU), and says so —
+    it must never share a column with a run on the real machine."""
     arch = record.get("arch")
-    return f"{record['backend']}@{record.get('platform') or '?'}{'-' + arch if arch else ''}"
+    declared = f"{record.get('platform') or '?'}{'-' + arch if arch else ''}"
+    ran = record.get("run_platform")
+    if not ran or ran == declared or declared == "cpu":  # a portable (cpu-declared) backend runs wherever it is put
+        return f"{record['backend']}@{ran or declared}"
+    return f"{record['backend']}@{ran} (models {declared})"
 
 
 @dataclasses.dataclass

@@ -45,7 +45,7 @@ def certification_problems(document: dict, collected: list[str]) -> list[str]:
     """Why this results document cannot be certified (empty: it can)."""
     problems = []
     completion = document.get("completion")
-    if completion is not None and not completion.get("complete", False):
+    if not (completion or {}).get("complete", False):  # a document without the object cannot show it is complete
         problems.append(f"the run is incomplete: {json.dumps(completion, sort_keys=True)}")
     problems += _shown("outcome", [f"{r['nodeid']}: {_outcome(r)}" for r in document["tests"] if not allowed(r)])
     ids = {r["nodeid"] for r in document["tests"]}

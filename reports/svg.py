@@ -11,8 +11,10 @@ FOREIGN = "#bab0ac"  # bytes that belong to no logical row (garbage, sentinel, a
 CELL, GAP, PER_LINE = 14, 2, 32
 
 
-def _label(row) -> str:
-    return "?" if row is None else f"{'KV'[row[0]]} slot {row[1]} head {row[2]}"
+def _label(row, block=None) -> str:
+    if row is None:
+        return "no logical row"
+    return f"{'KV'[row[0]]} slot {row[1]} head {row[2]}" + (f" of layer {block[0]} block {block[1]}" if block else "")
 
 
 def byte_map_svg(data: dict) -> Markup:
@@ -32,7 +34,8 @@ def byte_map_svg(data: dict) -> Markup:
         x = (i % PER_LINE) * (CELL + GAP)
         y = (i // PER_LINE) * (CELL + GAP)
         expected_row, actual_row = cell["row"], (cell["row"] if cell["ok"] else cell["actual"])
-        tip = escape(f"element offset {cell['offset']}: expected {_label(expected_row)}; actual {_label(actual_row)}")
+        moved_from = None if cell["ok"] else cell.get("actual_block")
+        tip = escape(f"element offset {cell['offset']}: expected {_label(expected_row)}; actual {_label(actual_row, moved_from)}")
         parts.append(f'<rect x="{x}" y="{y + 18}" width="{CELL}" height="{CELL}" fill="{KV_COLOR[expected_row[0]]}"><title>{tip}</title></rect>')
         fill = FOREIGN if actual_row is None else KV_COLOR[actual_row[0]]
         stroke = "" if cell["ok"] else ' stroke="#d62728" stroke-width="2.5"'

@@ -1,69 +1,203 @@
-"""The end-of-run terminal matrix (rich): checks × backend@platform, counts and colours."""
+"""The end-of-run terminal report (rich), readable in an 80-column CI log with any number of
+backends: one row per backend (``backend@platform``), one short cell per check family, then
+one line per check that did not pass, naming the check and the backends it did not pass on.
+
+Every backend, check and message string is data: it is put into rich ``Text`` objects, never
+parsed as markup, so ``evil[/]`` prints as itself.
+"""
 
 from __future__ import annotations
 
 import io
+import re
+import shutil
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from .matrix import Cell, build
+from . import completion, interop
+from .matrix import Cell, Matrix, build
 from .mutation import kill_rates
+from .results import FAILING
 
 STYLE = {
     "passed": "green", "failed": "bold red", "error": "bold red", "crashed": "bold magenta",
     "timeout": "bold magenta", "unexpected-pass": "bold yellow", "expected-failure": "yellow",
     "not-applicable": "dim", "skipped": "dim",
 }
+WORD = {"failed": "FAIL", "error": "ERROR", "crashed": "CRASH", "timeout": "TIMEOUT", "unexpected-pass": "XPASS",
+        "expected-failure": "xfail", "skipped": "skip"}
+# Matrix cells: a letter and a count, so nine families fit beside a 26-character name in 80 columns.
+LETTER = {"failed": "F", "error": "E", "crashed": "C", "timeout": "T", "unexpected-pass": "X", "expected-failure": "x", "skipped": "s"}
+LEGEND = ("ok all passed · n/a not applicable · F failed · E error · C crashed · T timeout · "
+          "x known failure · X unexpected pass · s skipped by expectations · blank: not run; "
+          "a letter's number counts that outcome")
+NOT_PASSED = ("crashed", "timeout", "error", "failed", "unexpected-pass", "expected-failure", "skipped")
+SHORT_FAMILY = {"equivalence": "equiv", "connector": "conn"}
+MIN_NAME = 20
 
 
 def cell_text(cell: Cell | None) -> tuple[str, str]:
-    """(text, style) for one matrix cell: worst outcome, with counts where it matters."""
+    """(text, style) for one matrix cell in words (HTML): worst outcome, counts where it matters."""
     if cell is None:
         return "", ""
     counts, worst = cell.counts, cell.worst
     total = sum(counts.values())
     if worst == "passed":
         return f"pass {counts['passed']}", STYLE[worst]
-    if worst in ("not-applicable", "skipped"):
-        return "n/a" if counts["passed"] == 0 else f"pass {counts['passed']}", STYLE["not-applicable" if counts["passed"] == 0 else "passed"]
-    label = {"failed": "FAIL", "error": "ERROR", "crashed": "CRASH", "timeout": "TIMEOUT", "unexpected-pass": "XPASS", "expected-failure": "xfail"}[worst]
-    return f"{label} {counts[worst]}/{total}", STYLE[worst]
+    if worst == "not-applicable":
+        return "n/a", STYLE[worst]
+    return f"{WORD[worst]} {counts[worst]}/{total}", STYLE[worst]
 
 
-def render(documents: list[dict], *, color: bool, width: int = 160) -> str:
-    matrix = build(documents)
-    table = Table(title="kvconform matrix (rows: checks, columns: backend@platform)", show_lines=False)
-    table.add_column("family", style="dim")
-    table.add_column("check")
-    for column in matrix.columns:
-        table.add_column(column, justify="center")
+def _short_cell(cells: list[Cell]) -> Text:
+    """One family of one backend: the worst outcome over its checks."""
+    if not cells:
+        return Text("")
+    counts = sum((c.counts for c in cells), start=type(cells[0].counts)())
+    worst = next((o for o in NOT_PASSED if counts[o]), "passed" if counts["passed"] else "not-applicable")
+    if worst == "passed":
+        return Text("ok", style=STYLE[worst])
+    if worst == "not-applicable":
+        return Text("n/a", style=STYLE[worst])
+    return Text(f"{LETTER[worst]}{counts[worst]}", style=STYLE[worst])
+
+
+def wrap_name(name: str, width: int) -> str:
+    """Break a long name after ``_ : @ . -`` so it reads whole over several lines (never cut)."""
+    if len(name) <= width:
+        return name
+    lines, line = [], ""
+    for piece in re.findall(r"[^_:@.\-]*[_:@.\-]?", name):
+        while len(piece) > width:  # no separator for too long: fold
+            if line:
+                lines.append(line)
+                line = ""
+            lines.append(piece[:width])
+            piece = piece[width:]
+        if len(line) + len(piece) > width:
+            lines.append(line)
+            line = ""
+        line += piece
+    return "\n".join(lines + [line] if line else lines)
+
+
+def _common_platform(columns: list[str]) -> str:
+    """``@cpu`` when every column ran on one platform: said once in the header, not per row."""
+    platforms = {c.split("@", 1)[1].split(" ", 1)[0] if "@" in c else "" for c in columns}
+    return "@" + platforms.pop() if len(platforms) == 1 and "" not in platforms else ""
+
+
+def _family_width(family: str) -> int:
+    return max(len(SHORT_FAMILY.get(family, family)), 3)
+
+
+def _family_chunks(families: list[str], room: int) -> list[list[str]]:
+    """Families per table so that each table fits ``room`` columns (one table when it fits)."""
+    chunks, line, used = [], [], 0
+    for family in families:
+        need = _family_width(family) + 1  # + the divider
+        if line and used + need > room:
+            chunks.append(line)
+            line, used = [], 0
+        line.append(family)
+        used += need
+    return chunks + [line] if line else chunks
+
+
+def _summary_tables(matrix: Matrix, width: int) -> list[Table]:
+    suffix = _common_platform(matrix.columns)
+    names = {c: c.replace(suffix, "", 1) if suffix else c for c in matrix.columns}
+    families = list(dict.fromkeys(matrix.families[row] for row in matrix.rows))
+    longest = max(len(n) for n in names.values())
+    family_width = sum(_family_width(f) + 1 for f in families)
+    name_width = max(MIN_NAME, min(longest, width - family_width))
+    tables = []
+    for chunk in _family_chunks(families, width - name_width):
+        table = Table(box=box.SIMPLE_HEAD, padding=0, show_edge=False)
+        table.add_column(Text("backend" + suffix), width=name_width, no_wrap=True)
+        for family in chunk:
+            table.add_column(Text(SHORT_FAMILY.get(family, family)), justify="right", width=_family_width(family), no_wrap=True)
+        for column in matrix.columns:
+            row = [Text(wrap_name(names[column], name_width))]
+            for family in chunk:
+                cells = [cell for r in matrix.rows if matrix.families[r] == family and (cell := matrix.cell(r, column))]
+                row.append(_short_cell(cells))
+            table.add_row(*row)
+        tables.append(table)
+    return tables
+
+
+def _not_passed(matrix: Matrix) -> list[Text]:
+    """One line per check that did not pass somewhere, then its backends indented below."""
+    specific = set(matrix.backend_specific_failures())
+    lines = []
     for row in matrix.rows:
-        table.add_row(matrix.families[row], row, *(f"[{s}]{t}[/]" if s else t for t, s in (cell_text(matrix.cell(row, c)) for c in matrix.columns)))
-    totals = []
-    for column in matrix.columns:
-        t = matrix.column_totals(column)
-        bad = sum(t[o] for o in ("failed", "error", "crashed", "timeout"))
-        totals.append(f"[{'bold red' if bad else 'green'}]{t['passed']} pass / {bad} fail[/]")
-    table.add_row("", "[bold]total[/]", *totals)
+        bad = [(column, cell) for column in matrix.columns if (cell := matrix.cell(row, column)) and cell.worst in NOT_PASSED]
+        if not bad:
+            continue
+        lines.append(Text.assemble((matrix.families[row], "dim"), " ", (row, "bold")))
+        for column, cell in bad:
+            counts = cell.counts
+            total = sum(counts.values())
+            parts = [f"{WORD[o]} {counts[o]}/{total}" for o in NOT_PASSED if counts[o]]
+            only = ("  (the only backend failing it)", "bold") if (row, column) in specific else ""
+            lines.append(Text.assemble("    ", (", ".join(parts), STYLE[cell.worst]), "  ", column, only))
+    return lines
+
+
+def _totals(matrix: Matrix, document_count: int) -> Text:
+    total = sum((matrix.column_totals(c) for c in matrix.columns), start=type(matrix.column_totals(""))())
+    bad = sum(total[o] for o in FAILING)
+    parts = [f"{total['passed']} passed", f"{bad} failed or errored", f"{total['not-applicable']} not applicable"]
+    parts += [f"{total[o]} {o}" for o in ("expected-failure", "unexpected-pass", "skipped") if total[o]]
+    return Text.assemble(("total: ", "bold"), (" · ".join(parts), "bold red" if bad else "green"),
+                         f"  ({len(matrix.columns)} backend{'s' if len(matrix.columns) != 1 else ''}"
+                         f"{f', {document_count} runs' if document_count > 1 else ''})")
+
+
+def render(documents: list[dict], *, color: bool, width: int | None = None) -> str:
+    """The report for one run, or several side by side; ``width`` defaults to the terminal's."""
+    width = width or shutil.get_terminal_size((80, 24)).columns
+    matrix = build(documents)
     out = io.StringIO()
-    console = Console(file=out, force_terminal=color, no_color=not color, width=width)
-    console.print(table)
+    console = Console(file=out, force_terminal=color, no_color=not color, width=width, highlight=False, emoji=False)
+    document = documents[0] if len(documents) == 1 else {"completion": completion.merged(documents)}
+    warning = completion.headline(document)
+    if warning:
+        console.print(Text(warning, style="bold yellow"))
+    if not matrix.columns:
+        console.print(Text("no kvconform test reached a verdict", style="bold yellow"))
+        return out.getvalue()
+    for table in _summary_tables(matrix, width):
+        console.print(table)
+    console.print(Text(LEGEND, style="dim"))
+    console.print(_totals(matrix, len(documents)))
+    not_passed = _not_passed(matrix)
+    if not_passed:
+        console.print(Text("\nNot passed (family, check, then each backend it did not pass on):", style="bold"))
+        for line in not_passed:
+            console.print(line)
     mutants, families = kill_rates(documents)
     if mutants:
-        rate = Table(title="mutation kill rate (a mutant is killed when a check of the family it targets fails)")
+        console.print(Text("\nMutation kill rate (killed: a check of the family it targets failed; families that did not run are not counted):", style="bold"))
+        rate = Table(box=box.SIMPLE_HEAD, show_edge=False)
         for name in ("family", "killed", "aimed", "rate"):
             rate.add_column(name)
         for family, (killed, aimed) in families.items():
-            rate.add_row(family, str(killed), str(aimed), f"[{'green' if killed == aimed else 'bold red'}]{100 * killed / aimed:.0f}%[/]")
+            rate.add_row(family, str(killed), str(aimed), Text(f"{100 * killed / aimed:.0f}%", style="green" if killed == aimed else "bold red"))
         console.print(rate)
         for row in mutants:
-            missed = [f for f in row["aimed"] if f not in row["killed"]]
+            missed = [f for f in row["ran"] if f not in row["killed"]]
             if missed:
-                console.print(f"  [bold red]SURVIVED[/] mutant:{row['mutant']} in {', '.join(missed)}")
-    specific = matrix.backend_specific_failures()
-    if specific:
-        console.print("[bold]Backend-specific failures[/] (fails on exactly one backend — that vendor's clearest action item):")
-        for row, column in specific:
-            console.print(f"  [red]{column}[/]: {row}")
+                console.print(Text.assemble(("  SURVIVED ", "bold red"), f"mutant:{row['mutant']} in {', '.join(missed)}"))
+            if row["not_run"]:
+                console.print(Text.assemble(("  not run ", "yellow"), f"mutant:{row['mutant']}: {', '.join(row['not_run'])} (not counted)"))
+    table = interop.build(documents)
+    if table:
+        interop.render_terminal(table, console)
+    if warning:
+        console.print(Text(warning, style="bold yellow"))
     return out.getvalue()

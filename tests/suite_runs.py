@@ -37,10 +37,12 @@ class SuiteResult:
         return {r["outcome"] for r in self.records if r["backend"] == backend and (family is None or r["family"] == family)}
 
 
-def run_suite(out_dir, *args: str, python: str | None = None, cwd=ROOT, env: dict | None = None, timeout: float = 1200) -> SuiteResult:
-    """``python -m pytest --pyargs kvconform.conformance ARGS --kvc-json OUT_DIR/results.json``."""
+def run_suite(out_dir, *args: str, python: str | None = None, cwd=ROOT, env: dict | None = None, timeout: float = 1200,
+              target: str | None = None) -> SuiteResult:
+    """``python -m pytest --pyargs kvconform.conformance ARGS --kvc-json OUT_DIR/results.json``
+    (``target``: a module or test of the suite instead of all of it)."""
     out = Path(out_dir) / "results.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = suite_command("--kvc-json", str(out), *args, python=python or sys.executable)
+    cmd = suite_command("--kvc-json", str(out), *args, python=python or sys.executable, **({"target": target} if target else {}))
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
     return SuiteResult(proc, json.loads(out.read_text()) if out.exists() else None)

@@ -51,7 +51,7 @@ def test_merged_report_shows_the_equivalence_matrix(tmp_path):
                  suite(tmp_path / "amd", "--backend", "reference_gfx942,mutant:write_one_bit_flipped").document]
     columns, cells = equivalence_matrix(documents)
     assert cells[("reference@cpu", "triton_aiter@cpu")] == "layout-conversion"
-    assert cells[("reference@cpu", "reference_gfx942@rocm-gfx942")] == "fp8-conversion"
+    assert cells[("reference@cpu", "reference_gfx942@cpu (models rocm-gfx942)")] == "fp8-conversion"
     assert cells[("reference@cpu", "mutant:write_one_bit_flipped@cpu")] == "differs"
 
 

@@ -21,11 +21,13 @@ def test_faulty_backends_fail_in_their_own_cells_and_the_run_completes(tmp_path)
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     elapsed = time.monotonic() - start
-    outcomes = defaultdict(set)
+    outcomes, layouts = defaultdict(set), defaultdict(set)
     for record in json.loads((tmp_path / "results.json").read_text())["tests"]:
         outcomes[record["backend"]].add(record["outcome"])
+        layouts[record["backend"], record["outcome"]].add(record["layout"])
     assert outcomes["reference"] == {"passed"}
     assert outcomes["fault:crash_on_write"] == {"crashed"}
+    assert None not in layouts["fault:crash_on_write", "crashed"]  # the dead worker sent no report: layout from collection
     assert outcomes["fault:hang_on_write"] == {"timeout"}
     assert outcomes["fault:sticky_device_error"] == {"error"}
     assert outcomes["missing_vendor.adapter:Backend"] == {"error"}

@@ -6,16 +6,28 @@ from collections import defaultdict
 import pytest
 
 from kvconform.backends_under_test.mutants import MUTANTS
+from kvconform.conformance.plugin import FAMILIES
 
 from .suite_runs import run_suite as run_suite_process
+
 CORRECT = {
     "reference": "e1", "reference_kv_first": "e1", "reference_e3": "e3",
     "triton_flash": "e1", "triton_aiter": "e1", "triton_unified": "e1", "triton_rocm_attn": "e1",
 }
 
 
+def run_focused(tmp_path_factory, backends, standard, *extra):
+    """The suite under xdist; mutants run only the families they are aimed at (tests/mutant_focus.py)."""
+    return run_suite_process(tmp_path_factory.mktemp("suite"), "-n", "2", "-p", "tests.mutant_focus", "--backend", ",".join(backends),
+                             "--standard", standard, *extra)
+
+
 def run_suite(tmp_path_factory, backends, standard, *extra):
-    result = run_suite_process(tmp_path_factory.mktemp("suite"), "-n", "2", "--backend", ",".join(backends), "--standard", standard, *extra)
+    return outcomes_of(run_focused(tmp_path_factory, backends, standard, *extra))
+
+
+def outcomes_of(result):
+    """Outcomes per backend and family."""
     outcomes = defaultdict(lambda: defaultdict(list))
     for record in result.records:
         outcomes[record["backend"]][record["family"]].append((record["outcome"], record["nodeid"], record["message"]))
@@ -28,7 +40,11 @@ NEEDS_OPTIONS = sorted(m for m, cls in MUTANTS.items() if cls.suite_args)
 
 # Each mutant runs the families it is aimed at, in one of these runs; the correct backends run
 # in all of them, so every family. (All mutants on all families take several times as long.)
-FAMILY_GROUPS = ("write or shuffle or equivalence", "swap or copy or read", "shape or split or gating")
+FAMILY_GROUPS = ("write or shuffle or equivalence", "swap or copy or read", "shape or split or gating or connector")
+
+
+def test_the_family_groups_cover_every_family():
+    assert sorted(f for group in FAMILY_GROUPS for f in group.split(" or ")) == sorted(FAMILIES)
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +58,19 @@ def e1_results(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def e3_results(tmp_path_factory):
-    return run_suite(tmp_path_factory, [b for b, s in CORRECT.items() if s == "e3"], "e3")
+def e3_run(tmp_path_factory):
+    return run_focused(tmp_path_factory, [b for b, s in CORRECT.items() if s == "e3"], "e3")
+
+
+@pytest.fixture(scope="module")
+def e3_results(e3_run):
+    return outcomes_of(e3_run)
+
+
+def test_a_whole_suite_run_under_xdist_is_complete(e3_run):
+    completion, run = e3_run.document["completion"], e3_run
+    assert completion["complete"] is True, completion
+    assert completion["selected"] == completion["recorded"] == len(run.records) > 0
 
 
 def assert_caught(results, mutant):
@@ -64,6 +91,16 @@ def test_mutant_is_caught_when_its_check_runs(tmp_path_factory, mutant):
     assert_caught(run_suite(tmp_path_factory, [f"mutant:{mutant}"], "e1", *MUTANTS[mutant].suite_args), mutant)
 
 
+# Mutants that name the checks they must fail (``kills``): each of those checks, not just the family.
+NAMED_KILLS = sorted((m, check) for m, cls in MUTANTS.items() if not cls.suite_args for check in getattr(cls, "kills", ()))
+
+
+@pytest.mark.parametrize("mutant, check", NAMED_KILLS, ids=[f"{m}-{c}" for m, c in NAMED_KILLS])
+def test_mutant_fails_each_check_it_names(e1_results, mutant, check):
+    records = [r for family in e1_results.get(f"mutant:{mutant}", {}).values() for r in family if f"::{check}[" in r[1]]
+    assert any(outcome in ("failed", "error") for outcome, _, _ in records), f"mutant:{mutant} passed every {check}: {records}"
+
+
 @pytest.mark.parametrize("backend", sorted(CORRECT))
 def test_correct_backends_pass_every_applicable_check(e1_results, e3_results, backend):
     results = (e3_results if CORRECT[backend] == "e3" else e1_results).get(backend, {})
@@ -79,7 +116,7 @@ def test_kv_first_backend_is_gated_not_failed(e1_results):
     assert shape and all(outcome == "not-applicable" for outcome, _, _ in shape)
 
 
-def test_same_seed_gives_identical_results(tmp_path_factory):
+def test_same_seed_gives_identical_results(e1_results, tmp_path_factory):
     backends = ["reference", "mutant:write_padding_slots", "mutant:split_copies"]
-    runs = [run_suite(tmp_path_factory, backends, "e1") for _ in range(2)]
-    assert runs[0] == runs[1]
+    again = run_suite(tmp_path_factory, backends, "e1")  # alone: no state shared with the other backends of the big run
+    assert again == {backend: e1_results[backend] for backend in backends}

@@ -1,8 +1,9 @@
 """The package's shape: one ``kvconform`` namespace, floors that import one way, no import cycles.
 
-Floors, lowest first: ``reference`` (the spec) ← ``backends_under_test`` ← ``conformance`` (the
-checks and the pytest plugin); ``reports`` is a plain library from results JSON to matrix /
-HTML, importing only ``reference``; the ``kvconform`` command sits on top. Every import of ours
+Floors, lowest first: ``reference`` (the spec) ← ``kvconform.compat`` (the runtime handshake check
+a connector imports) ← ``backends_under_test`` ← ``conformance`` (the checks and the pytest plugin);
+``reports`` is a plain library from results JSON to matrix / HTML, importing only ``reference`` and
+``kvconform.compat``; the ``kvconform`` command sits on top. Every import of ours
 is counted, also the ones inside functions.
 """
 
@@ -17,12 +18,14 @@ import pytest
 from .suite_runs import ROOT
 
 PACKAGES = ("reference", "backends_under_test", "conformance", "reports")
+RUNTIME = {"kvconform.compat": "compat"}  # namespace-root modules a connector imports at run time: a floor of their own
 MAY_IMPORT = {
     "reference": {"reference"},
-    "backends_under_test": {"reference", "backends_under_test"},
-    "reports": {"reports", "reference"},
-    "conformance": {"conformance", "reference", "backends_under_test", "reports"},
-    "": {"", *PACKAGES},  # kvconform/ itself: the command
+    "compat": {"reference"},
+    "backends_under_test": {"reference", "compat", "backends_under_test"},
+    "reports": {"reports", "reference", "compat"},
+    "conformance": {"conformance", "reference", "compat", "backends_under_test", "reports"},
+    "": {"", "compat", *PACKAGES},  # kvconform/ itself: the command
 }
 BARE = set(PACKAGES)  # top-level names that exist only in a checkout
 
@@ -60,6 +63,8 @@ def graph():
 
 
 def floor(module: str) -> str:
+    if module in RUNTIME:
+        return RUNTIME[module]
     parts = module.split(".")
     return parts[1] if len(parts) > 1 and parts[1] in PACKAGES else ""
 

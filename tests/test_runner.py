@@ -24,7 +24,8 @@ def test_report_header_names_versions_device_fp8_and_seed(tmp_path):
 
 
 def test_suite_runs_under_xdist(tmp_path):
-    run = run_suite(tmp_path, "--backend", "reference,mutant:split_copies", "-n", "2")
+    run = run_suite(tmp_path, "--backend", "reference,mutant:split_copies", "-n", "2", "-m", "split")  # the whole suite under xdist: test_mutants_are_caught
     assert {r["backend"] for r in run.records} == {"reference", "mutant:split_copies"}
+    assert run.document["completion"]["selected"] == len(run.records)  # the workers' selection reached the controller
     assert "failed" in run.outcomes("mutant:split_copies"), run.output
     assert run.outcomes("reference") <= {"passed", "not-applicable"}

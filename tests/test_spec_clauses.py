@@ -8,8 +8,7 @@ from kvconform.conformance.collection import SUITE, suite_dir
 
 from .suite_runs import ROOT
 
-# Clause documents: the spec, and the connector clauses while they live in their own file.
-CLAUSE_DOCUMENTS = ("docs/SPEC.md", "docs/CONNECTOR.md")
+CLAUSE_DOCUMENTS = ("docs/SPEC.md",)
 CLAUSE = re.compile(r'<a id="([A-Z][A-Z0-9]*(?:-[A-Z0-9]+)+)"></a>\*\*\1\*\*')
 
 

@@ -1,0 +1,110 @@
+"""JUnit XML a CI dashboard reads honestly: pytest's ``--junitxml`` file, annotated from the
+results document at the end of a suite run (docs/RESULTS_SCHEMA.md, "JUnit").
+
+pytest writes not-applicable checks and known failures alike as ``<skipped>``, an unexpected
+pass as a plain pass, and every property with ``str()`` (a Python repr). For each kvconform
+test case this rewrites:
+
+- ``classname`` to ``kvconform.<family>`` (dashboards group by it);
+- the result element's ``type`` to ``kvconform.<outcome>`` and its ``message`` to the verdict
+  in words (``not applicable (declaration): …``, ``known failure: …``);
+- an unexpected pass keeps passing (the run does not fail on it) and says so in ``system-out``;
+- ``<properties>``: ``kvc_outcome`` and every record field, structured ones (``failure``,
+  ``not_applicable``) as JSON.
+
+The test suite gets a ``kvc_completion`` property (JSON) and one test case
+``kvconform.run / completion`` that passes only when the run completed: an interrupted or
+crashed run makes it an ``<error>``, a filtered one a ``<skipped>`` — a partial run is never
+all green on a dashboard.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+from . import completion
+
+PROPERTIES = ("test_id", "backend", "family", "check", "platform", "arch", "run_platform", "layout", "geometry",
+              "kv_cache_dtype", "model_dtype", "seed", "repro", "message", "not_applicable", "failure", "raised")
+RESULT_TAGS = ("failure", "error", "skipped")
+FILTER_ONLY = {"filtered", "no-tests"}
+
+
+def _verdict_words(record: dict) -> str:
+    outcome, message = record["outcome"], record.get("message") or ""
+    if outcome == "not-applicable":
+        reason = record.get("not_applicable") or {}
+        return f"not applicable ({reason.get('kind', '?')}): {message}"
+    if outcome == "expected-failure":
+        return f"known failure (expectations): {message}"
+    if outcome == "skipped":
+        return f"skipped by expectations: {message}"
+    if outcome == "unexpected-pass":
+        return f"UNEXPECTED PASS: listed as a known failure ({message}) but passed; remove it from the expectations"
+    return f"{outcome}: {message.splitlines()[0] if message else ''}"
+
+
+def _properties(record: dict) -> ET.Element:
+    properties = ET.Element("properties")
+    ET.SubElement(properties, "property", name="kvc_outcome", value=record["outcome"])
+    for name in PROPERTIES:
+        value = record.get("nodeid") if name == "test_id" else record.get(name)
+        if value is None:
+            continue
+        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+        ET.SubElement(properties, "property", name=name, value=text)
+    return properties
+
+
+def _annotate_case(case: ET.Element, record: dict) -> None:
+    case.set("classname", f"kvconform.{record.get('family') or 'other'}")
+    properties = _properties(record)
+    for old in case.findall("properties"):  # pytest's str() copies of ours give way; others' properties stay
+        properties.extend(p for p in old.findall("property") if p.get("name") not in PROPERTIES)
+        case.remove(old)
+    case.insert(0, properties)
+    words = _verdict_words(record)
+    result = next((child for child in case if child.tag in RESULT_TAGS), None)
+    if result is not None:
+        result.set("type", f"kvconform.{record['outcome']}")
+        result.set("message", words)
+    if record["outcome"] == "unexpected-pass":
+        out = case.find("system-out")
+        if out is None:
+            out = ET.SubElement(case, "system-out")
+        out.text = f"kvconform: {words}\n" + (out.text or "")
+
+
+def _completion_case(document: dict) -> ET.Element:
+    case = ET.Element("testcase", classname="kvconform.run", name="completion", time="0")
+    properties = ET.SubElement(case, "properties")
+    ET.SubElement(properties, "property", name="kvc_completion", value=json.dumps(completion.of(document), sort_keys=True))
+    headline = completion.headline(document)
+    if headline:
+        kinds = {r["kind"] for r in completion.of(document).get("reasons", [])}
+        tag = "skipped" if kinds <= FILTER_ONLY else "error"
+        ET.SubElement(case, tag, type="kvconform.partial-run", message=headline).text = completion.reasons_text(document)
+    return case
+
+
+def annotate(xml_text: str, document: dict) -> str:
+    """pytest's JUnit XML with each kvconform test case's verdict made explicit (see above)."""
+    root = ET.fromstring(xml_text)
+    records = {r["nodeid"]: r for r in document["tests"]}
+    for suite in root.iter("testsuite"):
+        for case in suite.findall("testcase"):
+            test_id = next((p.get("value") for p in case.iter("property") if p.get("name") == "test_id"), None)
+            if test_id in records:
+                _annotate_case(case, records[test_id])
+        properties = suite.find("properties")
+        if properties is None:
+            properties = ET.Element("properties")
+            suite.insert(0, properties)
+        ET.SubElement(properties, "property", name="kvc_completion", value=json.dumps(completion.of(document), sort_keys=True))
+        suite.append(_completion_case(document))
+        cases = suite.findall("testcase")
+        suite.set("tests", str(len(cases)))
+        for tag, attribute in (("failure", "failures"), ("error", "errors"), ("skipped", "skipped")):
+            suite.set(attribute, str(sum(1 for c in cases if c.find(tag) is not None)))
+    return '<?xml version="1.0" encoding="utf-8"?>' + ET.tostring(root, encoding="unicode")

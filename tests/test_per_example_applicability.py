@@ -1,0 +1,41 @@
+"""A case that cannot run here is skipped alone: generated examples and block sizes whose code
+path is unavailable are counted in the record and the rest of the check still runs; a check is
+not applicable only when nothing of it can run (conformance/examples.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from .partial_backends import WHO
+from .suite_runs import run_suite
+
+PARTIAL = "tests.partial_backends:UnavailableAtBlockSize32"
+NOWHERE = "tests.partial_backends:UnavailableEverywhere"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    result = run_suite(tmp_path_factory.mktemp("partial"), "--backend", f"{PARTIAL},{NOWHERE}", "-m", "write", "-n", "2")
+    return result
+
+
+def records(run, backend, check=None):
+    return [r for r in run.records if r["backend"] == backend and (check is None or r["check"] == check)]
+
+
+def test_fixed_checks_run_at_the_block_sizes_that_are_available(run):
+    padding = records(run, PARTIAL, "test_padding_slots_leave_cache_untouched")
+    assert padding and all(r["outcome"] == "passed" and 16 in r["block_sizes"] and 32 not in r["block_sizes"] for r in padding)
+    assert all(list(r["examples_not_applicable"].values()) == [1] and WHO in next(iter(r["examples_not_applicable"])) for r in padding)
+
+
+def test_generated_examples_that_cannot_run_are_skipped_alone_and_counted(run):
+    written = records(run, PARTIAL, "test_written_elements_land_at_reference_offsets_and_nothing_else_changes")
+    assert written and {r["outcome"] for r in written} == {"passed"}
+    assert any(r["examples_not_applicable"] for r in written), "no example drew block size 32"
+
+
+def test_a_check_with_no_runnable_case_is_not_applicable_never_passed(run):
+    rows = records(run, NOWHERE)
+    assert rows and {r["outcome"] for r in rows} == {"not-applicable"}
+    assert all(r["not_applicable"]["kind"] == "machine" and r["not_applicable"]["who"] == WHO for r in rows)
