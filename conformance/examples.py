@@ -135,4 +135,5 @@ def unsatisfiable_reason(case) -> OpUnavailable | None:
     """Hypothesis found no runnable example and gave up: the reasons its rejected ones had."""
     if not case.skipped.counts:
         return None
-    return OpUnavailable("no generated example could run here: " + "; ".join(sorted(case.skipped.counts)))
+    who = {exc.who for exc in case.skipped.reasons.values()}
+    return OpUnavailable("no generated example could run here: " + "; ".join(sorted(case.skipped.counts)), who=who.pop() if len(who) == 1 else None)

@@ -456,16 +456,17 @@ def pytest_runtest_makereport(item, call):
     from .applicability import NotApplicable, NotApplicableHere
     from .examples import unsatisfiable_reason
 
-    # Hypothesis gave up because no generated example could run here: not applicable, with why.
-    if call.excinfo.errisinstance(Unsatisfiable) and "case" in getattr(item, "funcargs", {}):
-        unsatisfied = unsatisfiable_reason(item.funcargs["case"])
-        if unsatisfied is not None:
-            call.excinfo = pytest.ExceptionInfo.from_exception(unsatisfied)
-    if call.excinfo.errisinstance((OpUnavailable, NotApplicableHere)):
+    exc = call.excinfo.value
+    if isinstance(exc, Unsatisfiable) and "case" in getattr(item, "funcargs", {}):
+        # Hypothesis gave up because no generated example could run here: not applicable, with why.
+        # (The reason is never raised: pytest >= 9 refuses ExceptionInfo of an unraised exception.)
+        exc = unsatisfiable_reason(item.funcargs["case"]) or exc
+    if isinstance(exc, (OpUnavailable, NotApplicableHere)):
         # The backend's real code path cannot run here (e.g. a compiled op absent): N/A, not a pass.
-        exc = call.excinfo.value
         reason = exc.reason if isinstance(exc, NotApplicableHere) else NotApplicable.from_op_unavailable(dict(item.user_properties).get("backend", "?"), exc)
         report.outcome = "skipped"
+        if hasattr(report, "wasxfail"):  # an expectations entry: a case that cannot run here is no expected failure
+            del report.wasxfail
         report.longrepr = (str(item.path), item.location[1] or 0, f"not applicable: {reason}")
         report.user_properties.append(("not_applicable", reason.as_record()))
         return report

@@ -5,6 +5,8 @@ through Triton."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from kvconform.backends_under_test.contract import OpUnavailable
 from kvconform.backends_under_test.reference_backend import ReferenceBackend
 
@@ -28,3 +30,13 @@ class UnavailableEverywhere(UnavailableAtBlockSize32):
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
         raise OpUnavailable(f"the compiled writer for block size {spec.geometry.block_size} is not in this build", who=WHO)
+
+
+class UnavailableInEveryShape(UnavailableEverywhere):
+    """As UnavailableEverywhere with more shapes declared than Hypothesis draws before it gives
+    up: the generated checks end in Hypothesis' Unsatisfiable, not in a known-everywhere reason."""
+
+    def __init__(self):
+        super().__init__()
+        self._capabilities = dataclasses.replace(self._capabilities, head_sizes=(32, 48, 64, 80, 96, 128), num_kv_heads=(1, 2, 3, 4, 5, 6),
+                                                 block_sizes=(16, 32, 48, 64))

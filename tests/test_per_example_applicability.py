@@ -11,11 +11,12 @@ from .suite_runs import run_suite
 
 PARTIAL = "tests.partial_backends:UnavailableAtBlockSize32"
 NOWHERE = "tests.partial_backends:UnavailableEverywhere"
+EVERY_SHAPE = "tests.partial_backends:UnavailableInEveryShape"
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    result = run_suite(tmp_path_factory.mktemp("partial"), "--backend", f"{PARTIAL},{NOWHERE}", "-m", "write", "-n", "2")
+    result = run_suite(tmp_path_factory.mktemp("partial"), "--backend", f"{PARTIAL},{NOWHERE},{EVERY_SHAPE}", "-m", "write", "-n", "2")
     return result
 
 
@@ -39,3 +40,17 @@ def test_a_check_with_no_runnable_case_is_not_applicable_never_passed(run):
     rows = records(run, NOWHERE)
     assert rows and {r["outcome"] for r in rows} == {"not-applicable"}
     assert all(r["not_applicable"]["kind"] == "machine" and r["not_applicable"]["who"] == WHO for r in rows)
+
+
+def test_hypothesis_giving_up_on_unrunnable_examples_is_not_applicable_with_their_reasons(run):
+    generated = records(run, EVERY_SHAPE, "test_written_elements_land_at_reference_offsets_and_nothing_else_changes")
+    assert "internal-error" not in {r["kind"] for r in run.document["completion"]["reasons"]}, run.output
+    assert generated and {r["outcome"] for r in generated} == {"not-applicable"}
+    assert all(r["not_applicable"]["who"] == WHO and "no generated example could run here" in r["not_applicable"]["what"] for r in generated)
+
+
+def test_an_expected_failure_that_cannot_run_here_stays_not_applicable(tmp_path):
+    listed = tmp_path / "expectations.txt"
+    listed.write_text(f"X-1 [ {NOWHERE} ] conformance/test_write.py::test_padding_slots_leave_cache_untouched[*] [ Fail ]\n")
+    result = run_suite(tmp_path, "--backend", NOWHERE, "-k", "padding", "--kvc-expectations", str(listed))
+    assert {r["outcome"] for r in result.records} == {"not-applicable"}, result.output

@@ -4,6 +4,8 @@ per in-scope member and standard, the out-of-scope members together, pytest argu
 
 from __future__ import annotations
 
+import json
+
 from .vllm_gpu import run
 
 MEMBERS = {
@@ -24,3 +26,13 @@ def test_runner_options_stop_at_the_double_dash():
     args, extra = run.parse(["b.tar.xz", "out", "--jobs", "3", "--only", "A,B", "--", "--kvc-expectations", "f.txt", "-k", "write"])
     assert (args.jobs, args.only, str(args.out)) == (3, "A,B", "out")
     assert extra == ["--kvc-expectations", "f.txt", "-k", "write"]
+
+
+def test_a_run_that_ended_early_makes_the_runner_fail_and_says_why(tmp_path):
+    done, broken = tmp_path / "A-e3.json", tmp_path / "B-e3.json"
+    done.write_text(json.dumps({"completion": {"complete": True, "exit_status": 0, "reasons": []}}))
+    broken.write_text(json.dumps({"completion": {"complete": False, "exit_status": 3, "reasons": [{"kind": "internal-error", "what": "pytest INTERNALERROR"}]}}))
+    status, complete = run.run_status([done, broken, tmp_path / "C-e3.json"])
+    assert not complete
+    assert status.splitlines() == [f"{'A-e3':<34} exit 0 complete", f"{'B-e3':<34} exit 3 INCOMPLETE — internal-error: pytest INTERNALERROR",
+                                   f"{'C-e3':<34} no results (see C-e3.log)"]

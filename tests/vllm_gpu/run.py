@@ -8,7 +8,8 @@ per standard it declares — ``--standard e3`` for vLLM 0.33.0 backends, ``e1`` 
 E1-era class declares it — quick profile, xdist ``-n 1`` so a crashed worker costs one test.
 Members the adapter finds out of scope (MLA, sparse, quantized-only caches) share one process.
 Writes into OUT_DIR: ``members.json``, ``<backend>-<standard>.json`` / ``.log`` per run,
-``results.json`` (all runs merged) and ``verdicts.txt`` (per backend: pass / n/a / fail). Run from the
+``results.json`` (all runs merged), ``verdicts.txt`` (per backend: pass / n/a / fail) and ``runs.txt``
+(per process: exit status, complete or why not; the runner exits 1 when any run is incomplete). Run from the
 repository root; kvconform need not be installed (the root conftest.py loads the plugin).
 """
 
@@ -114,6 +115,24 @@ def verdicts(document: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def run_status(paths: list[Path]) -> tuple[str, bool]:
+    """One line per pytest process (exit status, complete or why not), and whether every one
+    completed: a run that ended early (an internal error, the deadline) hides the verdicts of the
+    checks it never reached, whatever the merged counts say."""
+    lines, complete = [], True
+    for path in paths:
+        if not path.exists():
+            lines.append(f"{path.stem:<34} no results (see {path.stem}.log)")
+            complete = False
+            continue
+        completion = json.loads(path.read_text()).get("completion") or {}
+        ok = bool(completion.get("complete"))
+        complete &= ok
+        why = "" if ok else " — " + "; ".join(f"{r['kind']}: {r.get('what', '')}" for r in completion.get("reasons", []))
+        lines.append(f"{path.stem:<34} exit {completion.get('exit_status')} {'complete' if ok else 'INCOMPLETE'}{why}")
+    return "\n".join(lines) + "\n", complete
+
+
 def merge(paths: list[Path], out: Path) -> None:
     from kvconform.reports.cli import merged_document
 
@@ -137,7 +156,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_args(argv[:split]), argv[split + 1:]
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     args, extra = parse(list(sys.argv[1:] if argv is None else argv))
     deadline = time.monotonic() + args.deadline
     args.out.mkdir(parents=True, exist_ok=True)
@@ -149,7 +168,11 @@ def main(argv=None) -> None:
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             paths = list(pool.map(lambda pair: run_one(*pair, env, args.out, deadline, extra), pairs))
     merge(paths, args.out)
+    status, complete = run_status(paths)
+    (args.out / "runs.txt").write_text(status)
+    print(status, end="", flush=True)
+    return 0 if complete else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
