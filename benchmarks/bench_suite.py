@@ -1,6 +1,6 @@
 """Speed of the verdict: the conformance suite's wall time per profile, and where it goes.
 
-Usage: python benchmarks/bench_suite.py [--profiles quick,full] [-n 2] [--backend a,b] [-- PYTEST ARGS]
+Usage: python benchmarks/bench_suite.py [--profiles quick,full] [-n 2] [--backend a,b] [--keep DIR] [-- PYTEST ARGS]
 
 For each profile it runs the suite as a user does (one ``pytest --pyargs kvconform.conformance``
 process, ``-n`` xdist workers, every built-in backend by default) and prints the wall time,
@@ -46,6 +46,11 @@ def report(profile: str, wall: float, document: dict, startup: float, workers: i
         total = sum(spent.values()) or 1.0
         print(f"   test time by {axis} (summed over workers, {total:.1f} s): " +
               ", ".join(f"{name} {seconds:.1f} s ({100 * seconds / total:.0f}%)" for name, seconds in spent.most_common()))
+    failing = [t for t in tests if t["outcome"] not in ("passed", "not-applicable", "skipped")]
+    for t in failing[:10]:
+        print(f"   NOT PASSED {t['outcome']}: {t['nodeid']}: {(t.get('message') or '')[:200]}")
+    if len(failing) > 10:
+        print(f"   … {len(failing) - 10} more not passed")
     print("   slowest checks:")
     for t in sorted(tests, key=lambda t: -(t.get("duration_s") or 0))[:8]:
         print(f"     {t['duration_s']:7.2f} s  {t['nodeid']}")
@@ -56,6 +61,7 @@ def main() -> int:
     parser.add_argument("--profiles", default="quick,full")
     parser.add_argument("-n", "--workers", type=int, default=2)
     parser.add_argument("--backend", default=None, help="comma-separated backends (default: every built-in that loads here)")
+    parser.add_argument("--keep", default=None, help="directory to keep each profile's results JSON and HTML in")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after '--': extra pytest arguments")
     args = parser.parse_args()
     extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
@@ -64,7 +70,8 @@ def main() -> int:
         startup, _ = timed(["--collect-only", "-q", "--kvc-json", f"{work}/collect.json", *backend, *extra])
         print(f"start-up (imports, backends, collection; one process): {startup:.1f} s")
         for profile in args.profiles.split(","):
-            out = Path(work) / f"{profile}.json"
+            out = Path(args.keep or work) / f"{profile}.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
             workers = ["-n", str(args.workers)] if args.workers > 0 else []
             wall, proc = timed(["-q", "--kvc-profile", profile, "--kvc-json", str(out), *workers, *backend, *extra])
             if not out.exists():
