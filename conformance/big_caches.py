@@ -8,7 +8,9 @@ kernel's ``mincore`` says which pages the backend or the reference touched; comp
 pages compares everything, since every other page is zero in both arenas. So "nothing else
 changed" (WRITE-ONLY-TARGET) holds exactly, in milliseconds and a few pages of memory.
 
-On a GPU, and with ``--kvc-huge``, arenas are allocated in full and compared whole.
+On a GPU arenas are allocated in full, zero-filled as the mapping reads (no gigabytes of random
+bytes to generate, pin and copy per probe), and compared whole; with ``--kvc-huge`` a GPU
+random-fills them (a CPU allocates them in full, zero-filled).
 """
 
 from __future__ import annotations
@@ -57,9 +59,9 @@ def lazy_zeros(nbytes: int) -> torch.Tensor:
 
 
 def probe_arena(case: Case, spec: CacheSpec, *, host: bool = False) -> Arena:
-    """The arena of a probe: lazily mapped on a CPU, fully allocated on a GPU or with --kvc-huge."""
+    """The arena of a probe: lazily mapped on a CPU, zeros fully allocated on a GPU, random bytes with --kvc-huge."""
     if case.device != "cpu" or case.huge:
-        return case.allocate(spec, host=host, seed_offset=int(host))
+        return case.allocate(spec, host=host, seed_offset=int(host), zero=not case.huge)
     arena = LazyArena(lazy_zeros(2 * GUARD + spec.layout.nbytes(spec.geometry)), spec)
     arena.cache = case.backend.allocate(arena.region, spec)
     return arena

@@ -58,7 +58,7 @@ class Case:
     repro: str  # a shell line that re-runs this one test with this run's options
     record: callable  # record(key, value) into the test's results
     exercised: list = dataclasses.field(default_factory=list)  # what the test ran (exercised.py)
-    huge: bool = False  # --kvc-huge: caches past 2^31 elements fully allocated and random-filled
+    huge: bool = False  # --kvc-huge: probe caches past 2^31 elements fully allocated (random-filled on a GPU)
     block_size: int | None = None  # set while a fixed check runs at one of several block sizes
     drawn: tuple | None = None  # the path-deciding key of the last spec made (examples.spec_key)
 
@@ -117,16 +117,15 @@ class Case:
         """A guarded, random-filled (or zeroed) arena with the backend's cache built over its middle."""
         self.skipped.raise_if_known(spec)  # after every draw: generation never depends on it
         nbytes = spec.layout.nbytes(spec.geometry)
+        pin = host and torch.cuda.is_available()
         if zero or nbytes > HUGE_BYTES and self.device == "cpu":
-            data = torch.zeros(2 * GUARD + nbytes, dtype=torch.uint8)  # fully allocated (lazily mapped arenas: big_caches.py)
+            # fully allocated where it lives, never copied (lazily mapped arenas: big_caches.py)
+            buffer = torch.zeros(2 * GUARD + nbytes, dtype=torch.uint8, device="cpu" if host else self.device, pin_memory=pin)
         else:
             fill_device = self.device if nbytes > HUGE_BYTES and not host else "cpu"
             gen = torch.Generator(fill_device).manual_seed(self.seed * 7919 + seed_offset)
             data = torch.randint(0, 256, (2 * GUARD + nbytes,), dtype=torch.uint8, generator=gen, device=fill_device)
-        if host:
-            buffer = data.pin_memory() if torch.cuda.is_available() else data
-        else:
-            buffer = data.to(self.device)
+            buffer = (data.pin_memory() if pin else data) if host else data.to(self.device)
         arena = Arena(buffer, spec)
         arena.cache = self.backend.allocate(storage_of_its_own(arena.region), spec)
         return arena
