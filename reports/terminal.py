@@ -66,22 +66,22 @@ def _short_cell(cells: list[Cell]) -> Text:
 
 
 def wrap_name(name: str, width: int) -> str:
-    """Break a long name after ``_ : @ . -`` so it reads whole over several lines (never cut)."""
+    """Break a long name at a space or after ``_ : @ . -`` so it reads whole over several lines (never cut)."""
     if len(name) <= width:
         return name
     lines, line = [], ""
-    for piece in re.findall(r"[^_:@.\-]*[_:@.\-]?", name):
+    for piece in re.findall(r"[^_:@.\- ]*[_:@.\- ]?", name):
         while len(piece) > width:  # no separator for too long: fold
             if line:
                 lines.append(line)
                 line = ""
             lines.append(piece[:width])
             piece = piece[width:]
-        if len(line) + len(piece) > width:
+        if len(line) + len(piece.rstrip()) > width:
             lines.append(line)
             line = ""
         line += piece
-    return "\n".join(lines + [line] if line else lines)
+    return "\n".join(part.rstrip() for part in (lines + [line] if line else lines))
 
 
 def _common_platform(columns: list[str]) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 from kvconform.backends_under_test.registry import default_names
 from kvconform.conformance.plugin import FAMILIES
-from kvconform.reports.terminal import SHORT_FAMILY, render
+from kvconform.reports.terminal import SHORT_FAMILY, render, wrap_name
 
 from .suite_runs import run_suite
 
@@ -96,3 +96,8 @@ def test_junit_tells_not_applicable_known_failure_unexpected_pass_and_failure_ap
     assert json.loads(suite.find("properties/property[@name='kvc_completion']").get("value"))["complete"] is False  # -m: filtered
     assert cases["completion"].find("skipped").get("type") == "kvconform.partial-run"
     assert int(suite.get("tests")) == len(cases) and int(suite.get("failures")) == sum(1 for c in cases.values() if c.find("failure") is not None)
+
+
+def test_a_long_row_label_breaks_at_spaces_and_separators_never_inside_a_word_that_fits():
+    assert wrap_name("reference_gfx942 (models rocm-gfx942)", 20).splitlines() == ["reference_gfx942", "(models rocm-gfx942)"]
+    assert wrap_name("mutant:connector_head_slice_off_by_one", 22).splitlines() == ["mutant:connector_head_", "slice_off_by_one"]
