@@ -54,3 +54,8 @@ def test_an_expected_failure_that_cannot_run_here_stays_not_applicable(tmp_path)
     listed.write_text(f"X-1 [ {NOWHERE} ] conformance/test_write.py::test_padding_slots_leave_cache_untouched[*] [ Fail ]\n")
     result = run_suite(tmp_path, "--backend", NOWHERE, "-k", "padding", "--kvc-expectations", str(listed))
     assert {r["outcome"] for r in result.records} == {"not-applicable"}, result.output
+
+
+def test_a_block_size_class_runs_once_at_its_own_block_size(run):
+    rows = [r for r in records(run, PARTIAL, "test_each_declared_size_class_is_written_at_reference_offsets") if r["nodeid"].endswith("-N48]")]
+    assert rows and all(r["outcome"] == "passed" and r["block_sizes"] is None for r in rows)
