@@ -53,7 +53,10 @@ def test_an_interrupted_run_says_so_everywhere_and_keeps_the_complete_result_it_
     baseline.write_text("bug-1 [ ] conformance/test_write.py::test_padding_slots_leave_cache_untouched[fault:hang_on_write-*] [ Fail ]\n")
     cmd = suite_command("-v", "--kvc-json", str(out), "--junitxml", str(tmp_path / "junit.xml"), "--kvc-backend", "reference,fault:hang_on_write",
                         "--kvc-expectations", str(baseline), "--kvc-update-expectations", str(baseline), *PADDING)
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    # Ctrl-C as a terminal sends it: a job started in the background (`cmd &` in a script) runs with
+    # SIGINT ignored, and a Python started so installs no KeyboardInterrupt handler at all.
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []
     reader = threading.Thread(target=lambda: seen.extend(iter(lambda: proc.stdout.read(1), "")), daemon=True)
     reader.start()
