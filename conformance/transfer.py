@@ -15,6 +15,7 @@ the canonical wire form otherwise — then checks its own decode over its own he
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import socket
@@ -133,22 +134,35 @@ def _receive(pair: Pair, blocks, device: str) -> dict:
     return {"ok": err <= 2e-2, "max_abs_err": err}
 
 
-def _pair_worker(rank: int, pair: Pair, engine: str, port: int, results) -> None:
+@contextlib.contextmanager
+def _rank(rank: int, world: int, engine: str, port: int, results):
+    """One rank's process group, on its device; whatever the rank raises is reported to the
+    parent, which fails the check."""
     try:
         device = f"cuda:{rank}" if engine == "nccl" else "cpu"
         if engine == "nccl":
             torch.cuda.set_device(rank)
-        dist.init_process_group(engine, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60))
-        blocks = sorted({int(s) // 16 for s in _kv()[2].tolist()})
-        start = time.perf_counter()
-        out = _send(pair, blocks, device) if rank == 0 else _receive(pair, blocks, device)
-        dist.barrier()
-        results.put((rank, {**out, "seconds": time.perf_counter() - start}))
-    except Exception:  # noqa: BLE001 - reported to the parent, which fails the check
+        dist.init_process_group(engine, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+        yield device
+    except Exception:  # noqa: BLE001 - reported to the parent
         results.put((rank, {"ok": False, "why": traceback.format_exc()[-1500:]}))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _timed(rank: int, results, transfer) -> None:
+    """Run this rank's side of a transfer; report its outcome once every rank is done."""
+    start = time.perf_counter()
+    out = transfer()
+    dist.barrier()
+    results.put((rank, {**out, "seconds": time.perf_counter() - start}))
+
+
+def _pair_worker(rank: int, pair: Pair, engine: str, port: int, results) -> None:
+    with _rank(rank, 2, engine, port, results) as device:
+        blocks = sorted({int(s) // 16 for s in _kv()[2].tolist()})
+        _timed(rank, results, lambda: _send(pair, blocks, device) if rank == 0 else _receive(pair, blocks, device))
 
 
 def _free_port() -> int:
@@ -319,12 +333,8 @@ def _consume(job: Reshard, rank: int, setup, descriptors, blocks, device: str) -
 
 
 def _reshard_worker(rank: int, job: Reshard, engine: str, port: int, results) -> None:
-    try:
-        world = job.producer_tp + job.consumer_tp
-        device = f"cuda:{rank}" if engine == "nccl" else "cpu"
-        if engine == "nccl":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(engine, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    world = job.producer_tp + job.consumer_tp
+    with _rank(rank, world, engine, port, results) as device:
         producer = rank < job.producer_tp
         side, tp, local = (job.producer, job.producer_tp, rank) if producer else (job.consumer, job.consumer_tp, rank - job.producer_tp)
         setup = _rank_setup(side, tp, local, device)
@@ -333,15 +343,7 @@ def _reshard_worker(rank: int, job: Reshard, engine: str, port: int, results) ->
         descriptors = [None] * world
         dist.all_gather_object(descriptors, announced)  # the handshake: every rank sees every rank's layout
         blocks = sorted({int(s) // 16 for s in _model_kv()[2].tolist()})
-        start = time.perf_counter()
-        out = (_produce if producer else _consume)(job, local, setup, descriptors, blocks, device)
-        dist.barrier()
-        results.put((rank, {**out, "seconds": time.perf_counter() - start}))
-    except Exception:  # noqa: BLE001 - reported to the parent, which fails the check
-        results.put((rank, {"ok": False, "why": traceback.format_exc()[-1500:]}))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        _timed(rank, results, lambda: (_produce if producer else _consume)(job, local, setup, descriptors, blocks, device))
 
 
 def run_reshard(job: Reshard, timeout: float = 180.0, engine: str = "gloo") -> dict:
