@@ -59,28 +59,20 @@ def _whole_suite(arg: str, config) -> bool:
 
 
 def suite_test_id(nodeid: str) -> str | None:
-    """The suite's test id of a pytest node id (xdist reports node ids to the controller)."""
+    """The suite's test id of a pytest node id (the recorder's selection holds node ids)."""
     path, sep, name = nodeid.partition("::")
     file = Path(path).name
     return f"conformance/{file}::{name}" if sep and file.startswith("test_") else None
 
 
 class Certifier:
-    """A pytest plugin object on the controller: the collected ids, then the verdict and bundle."""
+    """A pytest plugin object on the controller: the verdict and the bundle, from the recorder's
+    results and the tests it saw selected."""
 
     def __init__(self, run):
         self.run = run
-        self.collected: set[str] = set()
         self.problems: list[str] = []
         self.checksum: str | None = None
-
-    @pytest.hookimpl(trylast=True)  # after the suite's own hook has given every item its test id
-    def pytest_collection_modifyitems(self, items):
-        self.collected |= {dict(item.user_properties)["test_id"] for item in items if "test_id" in dict(item.user_properties)}
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_xdist_node_collection_finished(self, node, ids):
-        self.collected |= {test_id for test_id in map(suite_test_id, ids) if test_id}
 
     @pytest.hookimpl(trylast=True)  # after the recorder has its records
     def pytest_sessionfinish(self, session):
@@ -89,15 +81,16 @@ class Certifier:
 
         recorder = session.config.pluginmanager.get_plugin("kvconform-results")
         document = recorder.document()
-        self.problems = submission.certification_problems(document, sorted(self.collected))
-        if not self.collected:
+        collected = sorted({test_id for test_id in map(suite_test_id, recorder.selected or ()) if test_id})
+        self.problems = submission.certification_problems(document, collected)
+        if not collected:
             self.problems.append("no test was collected")
         if self.problems:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
             return
         argv = [sys.executable, "-m", "pytest", *session.config.invocation_params.args]
         command = {"argv": argv, "line": shlex.join(argv), "cwd": str(session.config.invocation_params.dir)}
-        self.checksum = submission.write_bundle(self.run.options.certify, document, collected=sorted(self.collected),
+        self.checksum = submission.write_bundle(self.run.options.certify, document, collected=collected,
                                                 must_pass=must_pass(), command=command, digests_header=header())
 
     def pytest_terminal_summary(self, terminalreporter):
