@@ -35,6 +35,12 @@ def key_of(spec) -> tuple:
     return spec_key(spec.layout, spec.model_dtype, spec.kv_cache_dtype, spec.geometry)
 
 
+def common_who(reasons) -> str | None:
+    """The one ``who`` these reasons name, or None when they name several."""
+    who = {exc.who for exc in reasons}
+    return who.pop() if len(who) == 1 else None
+
+
 class Skipped:
     """The cases of one test that could not run here: their specs and why, counted."""
 
@@ -60,9 +66,8 @@ class Skipped:
         if not self.candidates or not self.candidates <= set(self.reasons):
             return None
         reasons = sorted({str(self.reasons[k]) for k in self.candidates})
-        who = {self.reasons[k].who for k in self.candidates}
         return OpUnavailable(f"every case the test can draw ({len(self.candidates)}): " + "; ".join(reasons),
-                             who=who.pop() if len(who) == 1 else None)
+                             who=common_who(self.reasons[k] for k in self.candidates))
 
 
 def skipping_unavailable_examples(inner_test):
@@ -136,5 +141,5 @@ def unsatisfiable_reason(case) -> OpUnavailable | None:
     """Hypothesis found no runnable example and gave up: the reasons its rejected ones had."""
     if not case.skipped.counts:
         return None
-    who = {exc.who for exc in case.skipped.reasons.values()}
-    return OpUnavailable("no generated example could run here: " + "; ".join(sorted(case.skipped.counts)), who=who.pop() if len(who) == 1 else None)
+    return OpUnavailable("no generated example could run here: " + "; ".join(sorted(case.skipped.counts)),
+                         who=common_who(case.skipped.reasons.values()))

@@ -76,7 +76,7 @@ class Case:
         Dtypes not given follow ``g.dtype``: an fp8 storage dtype means the first declared fp8
         ``kv_cache_dtype`` that stores it (model dtype: the first declared), any other ``auto``.
         """
-        from .examples import spec_key
+        from .examples import key_of
 
         caps = self.backend.capabilities
         if kv_cache_dtype is None:
@@ -85,7 +85,7 @@ class Case:
         if model_dtype is None:
             model_dtype = g.dtype if kv_cache_dtype == "auto" else caps.dtypes[0]
         spec = CacheSpec(layout=layout or self.layout, geometry=g, kv_cache_dtype=kv_cache_dtype, model_dtype=model_dtype, layer=layer)
-        self.drawn = spec_key(spec.layout, model_dtype, kv_cache_dtype, g)
+        self.drawn = key_of(spec)
         self.record("layout", str(spec.layout))
         self.record("geometry", g.short())
         self.record("kv_cache_dtype", kv_cache_dtype)
