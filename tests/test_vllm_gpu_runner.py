@@ -32,7 +32,7 @@ def test_a_run_that_ended_early_makes_the_runner_fail_and_says_why(tmp_path):
     done, broken = tmp_path / "A-e3.json", tmp_path / "B-e3.json"
     done.write_text(json.dumps({"completion": {"complete": True, "exit_status": 0, "reasons": []}}))
     broken.write_text(json.dumps({"completion": {"complete": False, "exit_status": 3, "reasons": [{"kind": "internal-error", "what": "pytest INTERNALERROR"}]}}))
-    status, complete = run.run_status([done, broken, tmp_path / "C-e3.json"])
+    status, complete = run.run_status(run.load([done, broken, tmp_path / "C-e3.json"]))
     assert not complete
     assert status.splitlines() == [f"{'A-e3':<34} exit 0 complete", f"{'B-e3':<34} exit 3 INCOMPLETE — internal-error: pytest INTERNALERROR",
                                    f"{'C-e3':<34} no results (see C-e3.log)"]

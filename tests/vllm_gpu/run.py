@@ -115,17 +115,22 @@ def verdicts(document: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_status(paths: list[Path]) -> tuple[str, bool]:
+def load(paths: list[Path]) -> dict[Path, dict | None]:
+    """Each run's results document (None where the run wrote none)."""
+    return {path: json.loads(path.read_text()) if path.exists() else None for path in paths}
+
+
+def run_status(documents: dict[Path, dict | None]) -> tuple[str, bool]:
     """One line per pytest process (exit status, complete or why not), and whether every one
     completed: a run that ended early (an internal error, the deadline) hides the verdicts of the
     checks it never reached, whatever the merged counts say."""
     lines, complete = [], True
-    for path in paths:
-        if not path.exists():
+    for path, document in documents.items():
+        if document is None:
             lines.append(f"{path.stem:<34} no results (see {path.stem}.log)")
             complete = False
             continue
-        completion = json.loads(path.read_text()).get("completion") or {}
+        completion = document.get("completion") or {}
         ok = bool(completion.get("complete"))
         complete &= ok
         why = "" if ok else " — " + "; ".join(f"{r['kind']}: {r.get('what', '')}" for r in completion.get("reasons", []))
@@ -133,10 +138,9 @@ def run_status(paths: list[Path]) -> tuple[str, bool]:
     return "\n".join(lines) + "\n", complete
 
 
-def merge(paths: list[Path], out: Path) -> None:
+def merge(documents: list[dict], out: Path) -> None:
     from kvconform.reports.cli import merged_document
 
-    documents = [json.loads(p.read_text()) for p in paths if p.exists()]
     if not documents:
         return
     merged = merged_document(documents)
@@ -167,8 +171,9 @@ def main(argv=None) -> int:
         print(f"{len(members)} AttentionBackendEnum members, {sum(m['imports'] for m in members.values())} import; {len(pairs)} runs", flush=True)
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             paths = list(pool.map(lambda pair: run_one(*pair, env, args.out, deadline, extra), pairs))
-    merge(paths, args.out)
-    status, complete = run_status(paths)
+    documents = load(paths)
+    merge([d for d in documents.values() if d is not None], args.out)
+    status, complete = run_status(documents)
     (args.out / "runs.txt").write_text(status)
     print(status, end="", flush=True)
     return 0 if complete else 1
