@@ -16,7 +16,7 @@ import dataclasses
 
 import torch
 
-from kvconform import compat
+from kvconform.reference import compat
 from kvconform.reference import Geometry, Layout, fp8
 from kvconform.reference import connector as conn
 

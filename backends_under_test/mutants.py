@@ -12,7 +12,7 @@ import weakref
 
 import torch
 
-from kvconform import compat
+from kvconform.reference import compat
 from kvconform import reference as R
 
 from .reference_backend import ReferenceBackend, flat_storage, view_over

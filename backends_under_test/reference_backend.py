@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kvconform import compat
+from kvconform.reference import compat
 from kvconform import reference as R
 
 from .contract import Backend, Capabilities, CacheSpec

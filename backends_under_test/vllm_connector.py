@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kvconform import compat
+from kvconform.reference import compat
 from kvconform import reference as R
 
 from .tensor_regions import IndexedView, regions_of

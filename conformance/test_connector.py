@@ -14,15 +14,15 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvconform import compat
+from kvconform.reference import compat
 from kvconform import reference as R
 
-from . import interop
-from .applicability import DECLARATION, NotApplicable, NotApplicableHere
-from .assertions import ConformanceFailure, assert_equal, assert_offsets_equal, describe
-from .connector import LAYERS, allocate_shard, assert_regions_cover_exactly, assert_shards_equal, cache_origin, model_kv
-from .harness import block_ids
-from .strategies import geometry_choices
+from .harness import interop
+from .harness.applicability import DECLARATION, NotApplicable, NotApplicableHere
+from .harness.assertions import ConformanceFailure, assert_equal, assert_offsets_equal, describe
+from .harness.connector import LAYERS, allocate_shard, assert_regions_cover_exactly, assert_shards_equal, cache_origin, model_kv
+from .harness.case import block_ids
+from .harness.strategies import geometry_choices
 
 pytestmark = [pytest.mark.connector]
 
@@ -327,7 +327,7 @@ def test_handshake_accepts_exactly_the_peers_kvconform_compat_accepts(case):
 # ----------------------------------------------------------------------------- interop row
 @pytest.fixture
 def peers(request):
-    from .plugin import RUN
+    from .plugin.hooks import RUN
 
     return interop.peer_endpoints(request.config.stash[RUN].backends)
 

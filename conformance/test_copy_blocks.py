@@ -9,12 +9,12 @@ from hypothesis import strategies as st
 
 from kvconform import reference as R
 
-from .assertions import assert_bytes_equal
-from .big_caches import assert_arenas_equal, expected_arena, probe_arena, probe_geometry
-from .exercised import note_blocks
-from .harness import token_rows
-from .ops import synchronize
-from .strategies import specs
+from .harness.assertions import assert_bytes_equal
+from .harness.big_caches import assert_arenas_equal, expected_arena, probe_arena, probe_geometry
+from .harness.exercised import note_blocks
+from .harness.case import token_rows
+from .harness.ops import synchronize
+from .harness.strategies import specs
 
 pytestmark = [pytest.mark.copy, pytest.mark.kvc_op("copy")]
 

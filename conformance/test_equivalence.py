@@ -8,10 +8,10 @@ import torch
 from kvconform import reference as R
 from kvconform.reports.equivalence import compare_entries
 
-from .applicability import RUN, NotApplicable, NotApplicableHere
-from .assertions import ConformanceFailure, describe
-from .equivalence import CASES, digest_record, geometry, golden_key, inputs, load_golden, scales, written_blocks
-from .ops import synchronize
+from .harness.applicability import RUN, NotApplicable, NotApplicableHere
+from .harness.assertions import ConformanceFailure, describe
+from .harness.equivalence import CASES, digest_record, geometry, golden_key, inputs, load_golden, scales, written_blocks
+from .harness.ops import synchronize
 
 pytestmark = [pytest.mark.equivalence, pytest.mark.kvc_op("write")]
 

@@ -9,7 +9,7 @@ import pytest
 from kvconform import reference as R
 from kvconform.backends_under_test.contract import CONNECTOR_NOT_SUPPORTED
 
-from .assertions import assert_equal
+from .harness.assertions import assert_equal
 
 pytestmark = [pytest.mark.gating, pytest.mark.kvc_layouts("none")]
 

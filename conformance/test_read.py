@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 
 from kvconform import reference as R
 
-from .assertions import assert_close
-from .big_caches import probe_arena, probe_geometry
-from .exercised import note_blocks
-from .harness import token_rows
-from .strategies import scales, specs
+from .harness.assertions import assert_close
+from .harness.big_caches import probe_arena, probe_geometry
+from .harness.exercised import note_blocks
+from .harness.case import token_rows
+from .harness.strategies import scales, specs
 
 pytestmark = [pytest.mark.read, pytest.mark.kvc_op("decode")]
 

@@ -7,8 +7,8 @@ import pytest
 
 from kvconform import reference as R
 
-from .assertions import assert_equal, assert_offsets_equal, assert_true
-from .observed import expected_logical_shape, observed_offset_map
+from .harness.assertions import assert_equal, assert_offsets_equal, assert_true
+from .harness.observed import expected_logical_shape, observed_offset_map
 
 pytestmark = [pytest.mark.shape, pytest.mark.kvc_layouts("standard")]
 

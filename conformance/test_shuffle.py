@@ -6,9 +6,9 @@ tiles at each side's block base, honouring the K and V block strides of a blocks
 import pytest
 import torch
 
-from .harness import FP8_KV_CACHE_DTYPES, token_rows
-from .ops import write_and_compare
-from .strategies import geometry_choices
+from .harness.case import FP8_KV_CACHE_DTYPES, token_rows
+from .harness.ops import write_and_compare
+from .harness.strategies import geometry_choices
 
 pytestmark = [pytest.mark.shuffle, pytest.mark.kvc_op("write"), pytest.mark.kvc_layouts("tiled")]
 

@@ -7,8 +7,8 @@ import torch
 
 from kvconform import reference as R
 
-from .assertions import assert_bytes_equal, assert_equal
-from .harness import Case
+from .harness.assertions import assert_bytes_equal, assert_equal
+from .harness.case import Case
 
 pytestmark = [pytest.mark.split, pytest.mark.kvc_op("split"), pytest.mark.kvc_layouts("standard")]
 

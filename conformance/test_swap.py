@@ -7,11 +7,11 @@ import torch
 
 from kvconform import reference as R
 
-from .assertions import assert_bytes_equal, assert_true
-from .big_caches import assert_arenas_equal, expected_arena, probe_arena, probe_geometry
-from .exercised import note_blocks
-from .harness import block_ids, token_rows
-from .ops import synchronize
+from .harness.assertions import assert_bytes_equal, assert_true
+from .harness.big_caches import assert_arenas_equal, expected_arena, probe_arena, probe_geometry
+from .harness.exercised import note_blocks
+from .harness.case import block_ids, token_rows
+from .harness.ops import synchronize
 
 pytestmark = [pytest.mark.swap, pytest.mark.kvc_op("swap")]
 

@@ -7,11 +7,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from . import ops
-from .big_caches import assert_arenas_equal, expected_arena, probe_arena, probe_geometry
-from .harness import fp8_edge_rows, token_rows
-from .ops import backend_write, reference_write, synchronize
-from .strategies import write_cases
+from .harness import ops
+from .harness.big_caches import assert_arenas_equal, expected_arena, probe_arena, probe_geometry
+from .harness.case import fp8_edge_rows, token_rows
+from .harness.ops import backend_write, reference_write, synchronize
+from .harness.strategies import write_cases
 
 pytestmark = [pytest.mark.write, pytest.mark.kvc_op("write")]
 LAYOUTS = ("LAYOUT-OFFSET", "LAYOUT-E1", "LAYOUT-E0", "LAYOUT-LEGACY", "LAYOUT-SHUFFLE", "LAYOUT-SHUFFLE-X", "LAYOUT-SHUFFLE-BASE", "LAYOUT-E3")

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         return compat.run(args)
     if args.command == "describe":
         return describe(args)
-    from kvconform.conformance.isolation import run as run_isolated
+    from kvconform.isolation import run as run_isolated
 
     extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     return run_isolated([b for b in args.backend.split(",") if b], extra, args.out, args.kvc_timeout, args.jobs)
@@ -104,7 +104,7 @@ def coverage_table(runs: list[str], output: str | None) -> int:
 def certify_run(backend: str, out: str, workers: str, extra: list[str]) -> int:
     import subprocess
 
-    from kvconform.conformance.command import suite_command
+    from kvconform.conformance.plugin.command import suite_command
 
     status = subprocess.run(suite_command("--kvc-backend", backend, "--kvc-certify", out, "-n", workers, *extra)).returncode
     return status if status else verify_submission(out)
@@ -113,7 +113,7 @@ def certify_run(backend: str, out: str, workers: str, extra: list[str]) -> int:
 def verify_submission(bundle: str) -> int:
     import os
 
-    from kvconform.conformance.must_pass import must_pass
+    from kvconform.conformance.plugin.must_pass import must_pass
     from kvconform.reports import submission
 
     problems = submission.verify(bundle, must_pass())

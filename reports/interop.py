@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvconform import compat
+from kvconform.reference import compat
 
 OUTCOMES = ("fails", "incompatible", "converted", "identical", "n/a")
 SYMBOL = {"identical": "=", "converted": "c", "incompatible": "x", "mixed": "~", "fails": "!", "n/a": "-"}

@@ -1,7 +1,7 @@
 """The results document: schema, outcomes, and reading/writing it safely.
 
 The JSON schema is documented in docs/RESULTS_SCHEMA.md (``kvconform-results/1``); the pytest
-plugin's recorder (kvconform.conformance.recorder) writes it, everything in this package reads it.
+plugin's recorder (kvconform.conformance.plugin.recorder) writes it, everything in this package reads it.
 """
 
 from __future__ import annotations

@@ -12,10 +12,10 @@ import torch
 
 from kvconform import reference as R
 from kvconform.backends_under_test.contract import CacheSpec
-from kvconform.conformance.assertions import ConformanceFailure, assert_bytes_equal
-from kvconform.conformance.big_caches import PAGE, LazyArena, assert_arenas_equal, lazy_zeros, touched_pages
-from kvconform.conformance.command import suite_command
-from kvconform.conformance.harness import GUARD, Arena
+from kvconform.conformance.harness.assertions import ConformanceFailure, assert_bytes_equal
+from kvconform.conformance.harness.big_caches import PAGE, LazyArena, assert_arenas_equal, lazy_zeros, touched_pages
+from kvconform.conformance.plugin.command import suite_command
+from kvconform.conformance.harness.case import GUARD, Arena
 
 from .suite_runs import ROOT
 

@@ -7,8 +7,8 @@ import torch
 
 from kvconform import reference as R
 from kvconform.backends_under_test.contract import CacheSpec
-from kvconform.conformance.byte_map import block_byte_map
-from kvconform.conformance.harness import GUARD, Arena
+from kvconform.conformance.harness.byte_map import block_byte_map
+from kvconform.conformance.harness.case import GUARD, Arena
 
 K, V = 0, 1
 B, N, H, D = 5, 16, 3, 32

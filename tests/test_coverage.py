@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvconform.conformance import builtin_coverage
-from kvconform.conformance.exercised import value_classes
+from kvconform.conformance.harness.exercised import value_classes
 from kvconform.reports import coverage as C
 
 from .suite_runs import ROOT, run_suite

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from kvconform.conformance import digests, equivalence
-from kvconform.conformance.command import suite_command
+from kvconform.conformance.plugin.command import suite_command
 from kvconform.reports import cli, junit, matrix
 from kvconform.reports.equivalence import compare_entries
 from kvconform.reports.html import render_runs

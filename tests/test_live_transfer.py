@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from kvconform.conformance.transfer import PAIRS, RESHARDS, run_pair, run_reshard
+from kvconform.transfer import PAIRS, RESHARDS, run_pair, run_reshard
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=[p.name for p in PAIRS])

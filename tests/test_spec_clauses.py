@@ -4,7 +4,7 @@ check, every check names the clauses it verifies, and every name it uses exists.
 import importlib
 import re
 
-from kvconform.conformance.collection import SUITE, suite_dir
+from kvconform.conformance.plugin.collection import SUITE, suite_dir
 
 from .suite_runs import ROOT
 

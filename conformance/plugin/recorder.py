@@ -31,7 +31,7 @@ from . import collection, completeness
 from .outputs import keep_complete_result
 
 HYPOTHESIS_NOTES = re.compile(r"^(Failing test case:|Falsifying example:|Falsifying explicit example:)", re.MULTILINE)
-FAILURE_PREFIX = "kvconform.conformance.assertions.ConformanceFailure: "  # the property name starts the message
+FAILURE_PREFIX = "kvconform.conformance.harness.assertions.ConformanceFailure: "  # the property name starts the message
 RECORD_FIELDS = ("backend", "platform", "arch", "family", "check", "layout", "geometry", "kv_cache_dtype", "model_dtype", "repro",
                  "clauses", "exercised")
 COMPARE_CHECK = "test_digests_equal_the_exported_run"
@@ -252,7 +252,7 @@ class ResultRecorder:
             for e in expectations.stale(self.run.expectations, records)
         ]
         if options.export_digests:
-            from .digests import export
+            from ..harness.digests import export
 
             export(options.export_digests, records)
         if options.update_expectations:

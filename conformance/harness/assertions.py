@@ -18,7 +18,7 @@ import torch
 from kvconform import reference as R
 
 from .byte_map import block_byte_map, first_logical
-from .harness import GUARD, Arena, Case
+from .case import GUARD, Arena, Case
 
 KV_NAMES = ("K", "V")
 

@@ -15,7 +15,7 @@ from kvconform import reference as R
 from kvconform.backends_under_test.contract import CacheSpec
 
 from .examples import spec_key
-from .harness import Case
+from .case import Case
 
 
 @dataclasses.dataclass(frozen=True)

@@ -139,7 +139,7 @@ class SuiteRun:
             raise pytest.UsageError(str(exc)) from exc
         compare = _load_compare(opts.compare_digests)
         if compare is None and opts.certify:  # nothing waived: without another machine's file, compare with the reference's
-            from .digests import reference_export
+            from ..harness.digests import reference_export
 
             compare = reference_export([layout for loaded in backends.values() if loaded.backend for layout in loaded.backend.capabilities.layouts])
         run = cls(options=opts, backends=backends, expectations=known, compare=compare, left_out=left_out)
@@ -159,7 +159,7 @@ class SuiteRun:
         return run
 
     def backend_facts(self) -> dict:
-        from .sweeps import declared
+        from ..harness.sweeps import declared
 
         facts = {}
         for name, loaded in self.backends.items():
@@ -229,7 +229,7 @@ def _load_backends(names: tuple[str, ...]) -> tuple[dict, dict]:
 def _load_compare(path):
     if not path:
         return None
-    from .digests import DigestFileError, load
+    from ..harness.digests import DigestFileError, load
 
     try:
         return load(path)
@@ -296,8 +296,8 @@ def pytest_generate_tests(metafunc):
     run = metafunc.config.stash.get(RUN, None)
     if run is None or "case" not in metafunc.fixturenames:
         return
-    from .applicability import layouts_for, unavailable_backend
-    from .sweeps import expand
+    from ..harness.applicability import layouts_for, unavailable_backend
+    from ..harness.sweeps import expand
 
     marker = metafunc.definition.get_closest_marker("kvc_layouts")
     kind = marker.args[0] if marker else "all"
@@ -334,9 +334,9 @@ def pytest_collection_modifyitems(config, items):
         return
     from kvconform.reports import expectations
 
-    from .applicability import Context, NotApplicable, needs_of, not_applicable
+    from ..harness.applicability import Context, NotApplicable, needs_of, not_applicable
     from .command import repro_line
-    from .sweeps import not_applicable_param
+    from ..harness.sweeps import not_applicable_param
 
     for item in items:
         callspec = getattr(item, "callspec", None)
@@ -383,7 +383,7 @@ def case_param(request):
 def case(request, case_param):
     import torch
 
-    from .harness import Case
+    from ..harness.case import Case
 
     run = request.config.stash[RUN]
     loaded, layout = case_param
@@ -412,7 +412,7 @@ def pytest_pyfunc_call(pyfuncitem):
     """Per-example applicability and per-path block sizes (examples.py)."""
     if RUN not in pyfuncitem.config.stash or "case" not in pyfuncitem.funcargs:
         return None
-    from .examples import call_check
+    from ..harness.examples import call_check
 
     return call_check(pyfuncitem)
 
@@ -470,8 +470,8 @@ def pytest_runtest_makereport(item, call):
 
     from kvconform.backends_under_test.contract import OpUnavailable
 
-    from .applicability import NotApplicable, NotApplicableHere
-    from .examples import unsatisfiable_reason
+    from ..harness.applicability import NotApplicable, NotApplicableHere
+    from ..harness.examples import unsatisfiable_reason
 
     exc = call.excinfo.value
     if isinstance(exc, Unsatisfiable) and "case" in getattr(item, "funcargs", {}):

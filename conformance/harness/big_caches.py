@@ -26,7 +26,7 @@ from kvconform import reference as R
 from kvconform.backends_under_test.contract import CacheSpec
 
 from .assertions import assert_bytes_equal
-from .harness import FP8_KV_CACHE_DTYPES, GUARD, Arena, Case
+from .case import FP8_KV_CACHE_DTYPES, GUARD, Arena, Case
 
 PAGE = mmap.PAGESIZE
 LIMIT = 1 << 31

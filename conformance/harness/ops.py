@@ -7,7 +7,7 @@ import torch
 from kvconform import reference as R
 
 from .exercised import note_write
-from .harness import Arena, Case
+from .case import Arena, Case
 
 
 def run_write(case: Case, arena: Arena, key, value, slot_mapping, k_scale, v_scale, *, on_device: bool = False) -> Arena:

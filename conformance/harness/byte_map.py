@@ -15,7 +15,7 @@ import torch
 
 from kvconform import reference as R
 
-from .harness import GUARD, Arena
+from .case import GUARD, Arena
 
 MAX_ELEMENTS = 1 << 22  # no pictures for huge caches (the 2^31 check)
 

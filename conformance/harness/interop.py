@@ -18,7 +18,7 @@ import json
 
 import torch
 
-from kvconform import compat
+from kvconform.reference import compat
 from kvconform import reference as R
 from kvconform.backends_under_test import registry
 from kvconform.backends_under_test.contract import Backend, CacheSpec

@@ -76,7 +76,7 @@ class Certifier:
 
     @pytest.hookimpl(trylast=True)  # after the recorder has its records
     def pytest_sessionfinish(self, session):
-        from .digests import header
+        from ..harness.digests import header
         from .must_pass import must_pass
 
         recorder = session.config.pluginmanager.get_plugin("kvconform-results")

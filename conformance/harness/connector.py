@@ -16,7 +16,7 @@ import torch
 from kvconform import reference as R
 
 from .assertions import ConformanceFailure, assert_bytes_equal, describe
-from .harness import Arena, Case
+from .case import Arena, Case
 
 LAYERS = 3
 
