@@ -22,6 +22,7 @@ import torch
 
 from kvconform.reference import Geometry, Layout, bits_dtype, fp8
 from kvconform.reference import connector as conn
+from kvconform.reference.errors import InputError
 
 SCHEMA = "kvconform-layout/1"
 SYMBOLS = ("L", "B", "2", "N", "H", "D", "D/x", "x:d", "N/x", "x:n")
@@ -30,7 +31,7 @@ REQUIRED = ("schema", "dims", "strides", "dtype", "num_layers", "num_blocks", "b
             "total_kv_heads", "tp_rank", "tp_size")
 
 
-class DescriptorError(ValueError):
+class DescriptorError(InputError):
     """A descriptor that cannot be read: the message names the field and what was expected."""
 
 

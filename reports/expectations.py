@@ -18,13 +18,15 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from kvconform.reference.errors import InputError
+
 OUTCOMES = ("Fail", "Crash", "Skip")
 _LINE = re.compile(r"^(?P<reason>\S+)\s+\[(?P<tags>[^\]]*)\]\s+(?P<pattern>\S+)\s+\[\s*(?P<outcome>\w+)\s*\]$")
 FORMAT = "REASON [ TAGS ] PATTERN [ Fail|Crash|Skip ]"
 _COMMENT = re.compile(r"(^|\s)#.*$")  # a '#' inside a URL (issue fragment) is not a comment
 
 
-class ExpectationsError(ValueError):
+class ExpectationsError(InputError):
     pass
 
 

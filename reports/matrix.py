@@ -9,13 +9,15 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter, defaultdict
 
+from kvconform.reference.errors import InputError
+
 from .results import FAILING, SCHEMA
 
 # Worst first: a cell shows the worst outcome among its tests.
 SEVERITY = ("crashed", "timeout", "error", "failed", "unexpected-pass", "expected-failure", "skipped", "not-applicable", "passed")
 
 
-class SchemaError(ValueError):
+class SchemaError(InputError):
     pass
 
 

@@ -14,6 +14,7 @@ import hashlib
 import json
 import re
 
+from kvconform.reference.errors import InputError
 from kvconform.reports.results import package_version, read_json, write_atomically
 
 from kvconform import reference as R
@@ -23,7 +24,7 @@ from .equivalence import CASES, FP8_FORMATS, scales
 SCHEMA = "kvconform-digests/1"
 
 
-class DigestFileError(ValueError):
+class DigestFileError(InputError):
     pass
 
 

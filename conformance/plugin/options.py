@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from kvconform.reference.errors import InputError
+
 PROFILES = ("quick", "full")
 STANDARDS = ("e1", "e3")
 DEFAULT_JSON = "kvconform-results/results.json"
@@ -113,7 +115,7 @@ class RunOptions:
         return ["--kvc-seed", str(self.seed), "--kvc-profile", self.profile, "--kvc-standard", self.standard, "--kvc-device", self.device]
 
 
-class OptionError(ValueError):
+class OptionError(InputError):
     """A kvconform option that cannot be used as given; the message names it and what was expected."""
 
 

@@ -23,11 +23,12 @@ import sys
 import tempfile
 import time
 
+from kvconform.reference.errors import InputError
 from kvconform.reports import completion
 from kvconform.reports.results import read_json
 
 
-class OutputError(ValueError):
+class OutputError(InputError):
     """An output path that cannot be used; the message names the option."""
 
 

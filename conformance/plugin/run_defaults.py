@@ -11,12 +11,14 @@
 
 from __future__ import annotations
 
+from kvconform.reference.errors import InputError
+
 from .options import STANDARDS
 
 FALLBACK_STANDARD = "e1"
 
 
-class UsageError(ValueError):
+class UsageError(InputError):
     """A default that cannot be chosen: the message says which option to give."""
 
 
