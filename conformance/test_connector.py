@@ -325,13 +325,6 @@ def test_handshake_accepts_exactly_the_peers_kvconform_compat_accepts(case):
 
 
 # ----------------------------------------------------------------------------- interop row
-@pytest.fixture
-def peers(request):
-    from .plugin.hooks import RUN
-
-    return interop.peer_endpoints(request.config.stash[RUN].backends)
-
-
 @pytest.mark.kvc_clause("CONN-INTEROP")
 def test_blocks_shipped_to_every_peer_land_as_the_compat_plan_says(case, peers):
     me = interop.Endpoint(case.backend, case.layout)
@@ -344,7 +337,7 @@ def test_blocks_shipped_to_every_peer_land_as_the_compat_plan_says(case, peers):
             if key not in done:
                 done[key] = interop.evaluate(me, peer, scenario, producer_ranks, case.seed)
             cells.append({"consumer": peer.label, "consumer_platform": peer.platform, "scenario": scenario.name, **done[key]})
-    case.record("interop", {"endpoint": interop.endpoint_record(me, sides), "cells": cells})
+    case.facts.interop = {"endpoint": interop.endpoint_record(me, sides), "cells": cells}
     failing = [c for c in cells if c["outcome"] == "fails"]
     if failing:
         lines = [f"  {c['scenario']} → {c['consumer']}: {c['detail']}" for c in failing[:6]]

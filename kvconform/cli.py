@@ -7,6 +7,7 @@
     kvconform verify-submission BUNDLE                                        (re-check a submission bundle)
     kvconform compat PRODUCER.json CONSUMER.json                              (KV-connector handshake check)
     kvconform describe --backend NAME [--layout L] [--tp-size N] … [-o F]     (a backend's layout descriptors)
+    kvconform backends [--all]                                                (the names --backend accepts)
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     certify.add_argument("--out", default="kvconform-submission", help="the bundle directory")
     certify.add_argument("-n", "--workers", default="auto", help="pytest-xdist workers (default: auto)")
     certify.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after '--': extra pytest arguments (e.g. --kvc-standard e3)")
+    listing = sub.add_parser("backends", help="the backend names --backend accepts")
+    listing.add_argument("--all", action="store_true", help="also the seeded-fault backends (mutant:NAME, fault:NAME) kvconform tests itself with")
     verify = sub.add_parser("verify-submission", help="re-check a submission bundle against this kvconform's must-pass list")
     verify.add_argument("bundle")
     args = parser.parse_args(argv)
@@ -60,12 +63,24 @@ def main(argv: list[str] | None = None) -> int:
         return verify_submission(args.bundle)
     if args.command == "compat":
         return compat.run(args)
+    if args.command == "backends":
+        return list_backends(args.all)
     if args.command == "describe":
         return describe(args)
     from kvconform.isolation import run as run_isolated
 
     extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     return run_isolated([b for b in args.backend.split(",") if b], extra, args.out, args.kvc_timeout, args.jobs)
+
+
+def list_backends(everything: bool) -> int:
+    from kvconform.backends_under_test import registry
+
+    for name, target in sorted(registry.registered().items()):
+        if everything or not name.startswith((registry.MUTANT_PREFIX, registry.FAULT_PREFIX)):
+            print(f"{name:40} {target}")
+    print("vllm:NAME[+shuffle]                      vLLM's own backends (NAME: an AttentionBackendEnum member)")
+    return 0
 
 
 def _after_dashes(extra: list[str]) -> list[str]:

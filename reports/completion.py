@@ -44,3 +44,46 @@ def merged(documents: list[dict]) -> dict:
     for number, document in enumerate(documents, start=1):
         reasons += [{**reason, "what": f"run {number}: {reason['what']}"} for reason in of(document).get("reasons", [])]
     return {"complete": all(is_complete(d) for d in documents), "reasons": reasons}
+
+
+CONFORMS, DOES_NOT_CONFORM, PARTIAL = "CONFORMS", "DOES NOT CONFORM", "PARTIAL RUN"
+
+
+def verdict(documents: list[dict]) -> tuple[str, str]:
+    """The run's verdict as a vendor's CI states it, and what decided it: ``(word, why)``.
+
+    PARTIAL RUN when a run did not complete (its checks are not all in); otherwise DOES NOT
+    CONFORM when any test failed, errored, crashed or timed out (a new failure: not in the
+    expectations), else CONFORMS — known failures, unexpected passes and stale entries named."""
+    from collections import Counter
+
+    from .results import EXPECTED_FAILURE, FAILING, UNEXPECTED_PASS
+
+    counts = Counter(r["outcome"] for d in documents for r in d["tests"])
+    stale = sum(len(d.get("stale_expectations") or []) for d in documents)
+    statuses = sorted({of(d).get("exit_status") for d in documents if of(d).get("exit_status") is not None})
+    new = sum(counts[o] for o in FAILING)
+    why = [f"{new} new failure{'s' if new != 1 else ''}", f"{counts[EXPECTED_FAILURE]} known", f"{counts[UNEXPECTED_PASS]} unexpected pass{'es' if counts[UNEXPECTED_PASS] != 1 else ''}",
+           f"{stale} stale expectation{'s' if stale != 1 else ''}"]
+    if statuses:
+        why.append(f"exit status {', '.join(map(str, statuses))}")
+    together = documents[0] if len(documents) == 1 else {"completion": merged(documents)}
+    if not is_complete(together):
+        word = PARTIAL
+        why.insert(0, reasons_text(together))
+    elif new or any(r["kind"] == "nothing-compared" for d in documents for r in of(d).get("reasons", [])):
+        word = DOES_NOT_CONFORM
+    else:
+        word = CONFORMS
+    return word, "; ".join(why)
+
+
+def counts_text(records) -> str:
+    """Every outcome that occurs, counted, in one order; the counts add up to the records."""
+    from collections import Counter
+
+    from .results import SEVERITY, WORDS
+
+    counts = Counter(r["outcome"] for r in records)
+    order = ("passed", *[o for o in SEVERITY if o != "passed"])
+    return " · ".join(f"{counts[o]} {WORDS[o]}" for o in order if counts[o]) or "no results"

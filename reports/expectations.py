@@ -20,6 +20,8 @@ import re
 
 from kvconform.reference.errors import InputError
 
+from .results import EXPECTED_FAILURE, FAILING, NOT_RUN
+
 OUTCOMES = ("Fail", "Crash", "Skip")
 _LINE = re.compile(r"^(?P<reason>\S+)\s+\[(?P<tags>[^\]]*)\]\s+(?P<pattern>\S+)\s+\[\s*(?P<outcome>\w+)\s*\]$")
 FORMAT = "REASON [ TAGS ] PATTERN [ Fail|Crash|Skip ]"
@@ -84,8 +86,7 @@ HEADER = (
     "# kvconform expectations — written by --update-expectations; replace 'untriaged' with a bug link.\n"
     f"# {FORMAT}\n"
 )
-KNOWN_BAD = ("failed", "error", "crashed", "timeout", "expected-failure")
-NOT_RUN = ("not-applicable", "skipped")
+KNOWN_BAD = FAILING | {EXPECTED_FAILURE}
 
 
 @dataclasses.dataclass

@@ -32,6 +32,7 @@ def render_runs(documents: list[dict]) -> str:
         eq_columns=eq_columns if len(eq_columns) > 1 else [], eq_cells=eq_cells, interop=interop.build(documents),
         mutants=mutants, kill_families=families,
         runs=documents, matrix=build(documents), cell_text=cell_text, byte_map_svg=byte_map_svg,
+        verdict=completion.verdict(documents), counts_text=completion.counts_text, all_records=[r for d in documents for r in d["tests"]],
         failing=FAILING, stale=stale, total=sum(len(d["tests"]) for d in documents),
         coverage=build_coverage(documents), size_classes=SIZE_CLASSES, value_classes=VALUE_CLASSES, is_fp8_label=is_fp8_label,
         generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"),

@@ -28,6 +28,7 @@ from . import completion
 PROPERTIES = ("test_id", "backend", "family", "check", "platform", "arch", "run_platform", "layout", "geometry",
               "kv_cache_dtype", "model_dtype", "seed", "repro", "message", "not_applicable", "failure", "raised")
 RESULT_TAGS = ("failure", "error", "skipped")
+CARRIED = "kvconform"  # the record the plugin carries across xdist in each report: not a property of the JUnit file
 FILTER_ONLY = {"filtered", "no-tests"}
 
 
@@ -61,7 +62,7 @@ def _annotate_case(case: ET.Element, record: dict) -> None:
     case.set("classname", f"kvconform.{record.get('family') or 'other'}")
     properties = _properties(record)
     for old in case.findall("properties"):  # pytest's str() copies of ours give way; others' properties stay
-        properties.extend(p for p in old.findall("property") if p.get("name") not in PROPERTIES)
+        properties.extend(p for p in old.findall("property") if p.get("name") not in (*PROPERTIES, CARRIED))
         case.remove(old)
     case.insert(0, properties)
     words = _verdict_words(record)

@@ -11,10 +11,8 @@ from collections import Counter, defaultdict
 
 from kvconform.reference.errors import InputError
 
-from .results import FAILING, SCHEMA
+from .results import FAILING, NOT_APPLICABLE, NOT_RUN, SCHEMA, SEVERITY
 
-# Worst first: a cell shows the worst outcome among its tests.
-SEVERITY = ("crashed", "timeout", "error", "failed", "unexpected-pass", "expected-failure", "skipped", "not-applicable", "passed")
 
 
 class SchemaError(InputError):
@@ -53,7 +51,7 @@ class Cell:
     @property
     def worst(self) -> str:
         counts = self.counts
-        return next((o for o in SEVERITY if counts[o]), "not-applicable")
+        return next((o for o in SEVERITY if counts[o]), NOT_APPLICABLE)  # worst first
 
     @property
     def anchor(self) -> str:
@@ -71,6 +69,9 @@ class Matrix:
     def cell(self, row: str, column: str) -> Cell | None:
         return self.cells.get((row, column))
 
+    def column_records(self, column: str) -> list[dict]:
+        return [r for row in self.rows if (cell := self.cell(row, column)) for r in cell.records]
+
     def column_totals(self, column: str) -> Counter:
         total = Counter()
         for row in self.rows:
@@ -83,7 +84,7 @@ class Matrix:
         """(check, column) where exactly one column fails among ≥ 2 that ran the check."""
         out = []
         for row in self.rows:
-            ran = [c for c in self.columns if (cell := self.cell(row, c)) and cell.worst not in ("not-applicable", "skipped")]
+            ran = [c for c in self.columns if (cell := self.cell(row, c)) and cell.worst not in NOT_RUN]
             failing = [c for c in ran if self.cell(row, c).worst in FAILING]
             if len(ran) >= 2 and len(failing) == 1:
                 out.append((row, failing[0]))

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .results import FAILING
+from .results import FAILING, NOT_RUN
 
-DID_NOT_RUN = ("not-applicable", "skipped")
 
 
 def mutant_facts(documents: list[dict]) -> dict[str, dict]:
@@ -37,7 +36,7 @@ def kill_rates(documents: list[dict]) -> tuple[list[dict], dict[str, tuple[int, 
         for record in document["tests"]:
             if record["backend"] in facts:
                 present.add(record["backend"])
-                if record["outcome"] not in DID_NOT_RUN:
+                if record["outcome"] not in NOT_RUN:
                     ran[record["backend"]].add(record["family"])
                 if record["outcome"] in FAILING:
                     failing[record["backend"]].add(record["family"])

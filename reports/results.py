@@ -1,21 +1,90 @@
-"""The results document: schema, outcomes, and reading/writing it safely.
+"""The results document: its schema, the outcomes, the typed record of one test, and reading
+and writing it safely.
 
-The JSON schema is documented in docs/RESULTS_SCHEMA.md (``kvconform-results/1``); the pytest
-plugin's recorder (kvconform.conformance.plugin.recorder) writes it, everything in this package reads it.
+The JSON schema (docs/RESULTS_SCHEMA.md, ``kvconform-results/1``) is *derived* from
+:class:`TestRecord`: the plugin fills one record per test and writes ``asdict`` of it, and
+:func:`record_schema` turns the dataclass's fields into a JSON Schema that the tests hold
+documents to. Everything in this package reads the document; only the plugin writes it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import os
+import types
+import typing
 
 SCHEMA = "kvconform-results/1"
-OUTCOMES = (
-    "passed", "failed", "error", "crashed", "timeout", "not-applicable",
-    "expected-failure", "unexpected-pass", "skipped",
-)
-FAILING = frozenset({"failed", "error", "crashed", "timeout"})
+
+# The outcomes, worst first: a matrix cell shows the worst outcome among its tests.
+CRASHED, TIMEOUT, ERROR, FAILED = "crashed", "timeout", "error", "failed"
+UNEXPECTED_PASS, EXPECTED_FAILURE, SKIPPED = "unexpected-pass", "expected-failure", "skipped"
+NOT_APPLICABLE, PASSED = "not-applicable", "passed"
+SEVERITY = (CRASHED, TIMEOUT, ERROR, FAILED, UNEXPECTED_PASS, EXPECTED_FAILURE, SKIPPED, NOT_APPLICABLE, PASSED)
+OUTCOMES = SEVERITY
+FAILING = frozenset({FAILED, ERROR, CRASHED, TIMEOUT})  # a new failure: the run fails
+NOT_RUN = frozenset({NOT_APPLICABLE, SKIPPED})  # no verdict on the backend's bytes
+# How every output names an outcome, in the order counts are listed.
+WORDS = {PASSED: "passed", FAILED: "failed", ERROR: "error", CRASHED: "crashed", TIMEOUT: "timeout",
+         EXPECTED_FAILURE: "known failure", UNEXPECTED_PASS: "unexpected pass", NOT_APPLICABLE: "not applicable",
+         SKIPPED: "skipped by expectations"}
+
+
+@dataclasses.dataclass
+class TestRecord:
+    """Everything the reports know of one test (one entry of the document's ``tests``)."""
+
+    __test__ = False  # not a pytest test class
+
+    nodeid: str  # conformance/<file>::<test>[<params>]: the same however the suite was started
+    backend: str
+    platform: str  # what the backend declares (cpu, cuda, rocm)
+    arch: str
+    family: str  # the check family (pytest marker)
+    check: str  # the test function
+    repro: str  # a shell line that re-runs exactly this test
+    clauses: list[str]  # docs/SPEC.md clause ids the check verifies
+    seed: int
+    run_platform: str | None  # where it ran (cpu, cuda-sm90, rocm-gfx942)
+    outcome: str  # one of OUTCOMES
+    duration_s: float = 0.0
+    message: str = ""  # the check's own message (Hypothesis' notes are in hypothesis_draw)
+    layout: str | None = None  # of the last cache the test built
+    geometry: str | None = None
+    kv_cache_dtype: str | None = None
+    model_dtype: str | None = None
+    exercised: list[dict] | None = None  # one entry per cache built (kvconform.conformance.harness.exercised)
+    not_applicable: dict | None = None  # {kind, who, what} when the outcome is not-applicable
+    failure: dict | None = None  # {property, differing_elements, mismatches, byte_map, diagnosis} of a failed assertion
+    raised: str | None = None  # the exception type when the backend raised (outcome error)
+    hypothesis_draw: str | None = None  # Hypothesis' notes on a failing example
+    digest: dict | None = None  # equivalence family: the golden case's digests
+    interop: dict | None = None  # connector family: one producer row of the interop table
+    examples_not_applicable: dict | None = None  # cases of this test that could not run here, counted by reason
+    block_sizes: list[int] | None = None  # a fixed check run at several block sizes: those that ran
+
+    def as_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(TestRecord))
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object", type(None): "null"}
+
+
+def record_schema() -> dict:
+    """A JSON Schema of one ``tests`` entry, from :class:`TestRecord`'s field types."""
+    hints = typing.get_type_hints(TestRecord)
+    properties = {}
+    for name in FIELDS:
+        hint = hints[name]
+        kinds = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        names = sorted({_JSON_TYPES[typing.get_origin(k) or k] for k in kinds})
+        properties[name] = {"type": names[0] if len(names) == 1 else names}
+    properties["outcome"]["enum"] = list(OUTCOMES)
+    required = [f.name for f in dataclasses.fields(TestRecord) if f.default is dataclasses.MISSING]
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
 def package_version(name: str) -> str | None:

@@ -29,11 +29,11 @@ STYLE = {
 }
 WORD = {"failed": "FAIL", "error": "ERROR", "crashed": "CRASH", "timeout": "TIMEOUT", "unexpected-pass": "XPASS",
         "expected-failure": "xfail", "skipped": "skip"}
-# Matrix cells: a letter and a count, so nine families fit beside a 26-character name in 80 columns.
+# Matrix cells: a count and a letter after it ("12F"), so ten families fit beside a 26-character
+# name in 80 columns and no cell reads as a layout standard ("E1").
 LETTER = {"failed": "F", "error": "E", "crashed": "C", "timeout": "T", "unexpected-pass": "X", "expected-failure": "x", "skipped": "s"}
-LEGEND = ("ok all passed · n/a not applicable · F failed · E error · C crashed · T timeout · "
-          "x known failure · X unexpected pass · s skipped by expectations · blank: not run; "
-          "a letter's number counts that outcome")
+LEGEND = ("ok all passed · n/a not applicable · the worst outcome, counted: 3F failed · 3E error · 3C crashed · "
+          "3T timeout · 3x known failure · 3X unexpected pass · 3s skipped by expectations · blank: not run")
 NOT_PASSED = ("crashed", "timeout", "error", "failed", "unexpected-pass", "expected-failure", "skipped")
 SHORT_FAMILY = {"equivalence": "equiv", "connector": "conn"}
 MIN_NAME = 20
@@ -62,7 +62,7 @@ def _short_cell(cells: list[Cell]) -> Text:
         return Text("ok", style=STYLE[worst])
     if worst == "not-applicable":
         return Text("n/a", style=STYLE[worst])
-    return Text(f"{LETTER[worst]}{counts[worst]}", style=STYLE[worst])
+    return Text(f"{counts[worst]}{LETTER[worst]}", style=STYLE[worst])
 
 
 def wrap_name(name: str, width: int) -> str:
@@ -148,14 +148,18 @@ def _not_passed(matrix: Matrix) -> list[Text]:
     return lines
 
 
-def _totals(matrix: Matrix, document_count: int) -> Text:
-    total = sum((matrix.column_totals(c) for c in matrix.columns), start=type(matrix.column_totals(""))())
-    bad = sum(total[o] for o in FAILING)
-    parts = [f"{total['passed']} passed", f"{bad} failed or errored", f"{total['not-applicable']} not applicable"]
-    parts += [f"{total[o]} {o}" for o in ("expected-failure", "unexpected-pass", "skipped") if total[o]]
-    return Text.assemble(("total: ", "bold"), (" · ".join(parts), "bold red" if bad else "green"),
-                         f"  ({len(matrix.columns)} backend{'s' if len(matrix.columns) != 1 else ''}"
-                         f"{f', {document_count} runs' if document_count > 1 else ''})")
+def _totals(documents: list[dict], columns: int) -> Text:
+    records = [r for d in documents for r in d["tests"]]
+    bad = any(r["outcome"] in FAILING for r in records)
+    return Text.assemble(("total: ", "bold"), (completion.counts_text(records), "bold red" if bad else "green"),
+                         f" = {len(records)} tests ({columns} backend{'s' if columns != 1 else ''}"
+                         f"{f', {len(documents)} runs' if len(documents) > 1 else ''})")
+
+
+def _verdict_line(documents: list[dict]) -> Text:
+    word, why = completion.verdict(documents)
+    style = {completion.CONFORMS: "bold green", completion.DOES_NOT_CONFORM: "bold red"}.get(word, "bold yellow")
+    return Text.assemble(("kvconform verdict: ", "bold"), (word, style), f" ({why})")
 
 
 def render(documents: list[dict], *, color: bool, width: int | None = None) -> str:
@@ -166,6 +170,7 @@ def render(documents: list[dict], *, color: bool, width: int | None = None) -> s
     console = Console(file=out, force_terminal=color, no_color=not color, width=width, highlight=False, emoji=False)
     document = documents[0] if len(documents) == 1 else {"completion": completion.merged(documents)}
     warning = completion.headline(document)
+    console.print(_verdict_line(documents))
     if warning:
         console.print(Text(warning, style="bold yellow"))
     if not matrix.columns:
@@ -174,7 +179,7 @@ def render(documents: list[dict], *, color: bool, width: int | None = None) -> s
     for table in _summary_tables(matrix, width):
         console.print(table)
     console.print(Text(LEGEND, style="dim"))
-    console.print(_totals(matrix, len(documents)))
+    console.print(_totals(documents, len(matrix.columns)))
     not_passed = _not_passed(matrix)
     if not_passed:
         console.print(Text("\nNot passed (family, check, then each backend it did not pass on):", style="bold"))
@@ -200,4 +205,5 @@ def render(documents: list[dict], *, color: bool, width: int | None = None) -> s
         interop.render_terminal(table, console)
     if warning:
         console.print(Text(warning, style="bold yellow"))
+    console.print(_verdict_line(documents))
     return out.getvalue()

@@ -192,7 +192,7 @@ def test_a_lock_left_by_a_dead_run_is_taken_over_and_reported(tmp_path):
 def reference_entries(case_name="bf16-N16-H2-D64"):
     case = next(c for c in equivalence.CASES if c.name == case_name)
     layout = equivalence.R.blocks_first("NHD")
-    g = equivalence.geometry(case, case.model_dtype)
+    g = case.geometry(case.model_dtype)
     storage = torch.zeros(layout.nbytes(g), dtype=torch.uint8)
     key, value, slots = equivalence.inputs(case)
     k_scale, v_scale = equivalence.scales(None)

@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from kvconform.backends_under_test.registry import default_names
-from kvconform.conformance.plugin.hooks import FAMILIES
+from kvconform.conformance.plugin.collection import FAMILIES
 from kvconform.reports.terminal import SHORT_FAMILY, render, wrap_name
 
 from .suite_runs import run_suite

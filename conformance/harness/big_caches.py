@@ -62,6 +62,7 @@ def probe_arena(case: Case, spec: CacheSpec, *, host: bool = False) -> Arena:
     """The arena of a probe: lazily mapped on a CPU, zeros fully allocated on a GPU, random bytes with --kvc-huge."""
     if case.device != "cpu" or case.huge:
         return case.allocate(spec, host=host, seed_offset=int(host), zero=not case.huge)
+    case.built(spec)
     arena = LazyArena(lazy_zeros(2 * GUARD + spec.layout.nbytes(spec.geometry)), spec)
     arena.cache = case.backend.allocate(arena.region, spec)
     return arena

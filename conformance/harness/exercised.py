@@ -1,10 +1,10 @@
 """What each test exercised, recorded as it runs (the data behind the coverage table).
 
-One entry per cache a test builds (``Case.spec``): its kv_cache_dtype, storage and model
+One entry per cache a test builds (``Case.allocate``): its kv_cache_dtype, storage and model
 dtypes, layout, geometry and the geometry's size classes. The ops add what they touched: the
 address classes of the largest block and element offset they addressed, and for fp8 writes
 the value classes of the scaled values the encoder rounded. Class names and their meaning
-live in ``kvconform.reports.coverage``; the entries go to the record's ``exercised`` list.
+live in ``kvconform.reports.coverage``; the entries go to the test's facts (``TestFacts.exercised``).
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def note_cache(case, spec: CacheSpec) -> None:
-    """A test built this cache: one more case."""
+def note_cache(facts, spec: CacheSpec) -> None:
+    """A test built this cache: one more case, and the cache its record names."""
     g = spec.geometry
-    if not case.exercised:
-        case.record("exercised", case.exercised)  # the same list, filled as the test runs
-    case.exercised.append({
+    facts.layout, facts.geometry, facts.kv_cache_dtype, facts.model_dtype = str(spec.layout), g.short(), spec.kv_cache_dtype, str(spec.model_dtype)
+    facts.exercised.append({
         "kv_cache_dtype": spec.kv_cache_dtype, "dtype": _dtype_name(g.dtype), "model_dtype": _dtype_name(spec.model_dtype),
         "layout": str(spec.layout), "geometry": g.short(),
         "sizes": geometry_classes(num_layers=g.num_layers, block_size=g.block_size, num_kv_heads=g.num_kv_heads, head_size=g.head_size),
@@ -38,7 +37,7 @@ def note_cache(case, spec: CacheSpec) -> None:
 def _entry(case, spec: CacheSpec) -> dict | None:
     """The latest entry for this cache (ops run on the cache most recently built)."""
     g = spec.geometry
-    return next((e for e in reversed(case.exercised) if e["layout"] == str(spec.layout) and e["geometry"] == g.short()), None)
+    return next((e for e in reversed(case.facts.exercised) if e["layout"] == str(spec.layout) and e["geometry"] == g.short()), None)
 
 
 def _add(entry: dict, key: str, names) -> None:

@@ -16,7 +16,6 @@ import dataclasses
 import os
 import shlex
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -58,13 +57,6 @@ def _whole_suite(arg: str, config) -> bool:
         return False
 
 
-def suite_test_id(nodeid: str) -> str | None:
-    """The suite's test id of a pytest node id (the recorder's selection holds node ids)."""
-    path, sep, name = nodeid.partition("::")
-    file = Path(path).name
-    return f"conformance/{file}::{name}" if sep and file.startswith("test_") else None
-
-
 class Certifier:
     """A pytest plugin object on the controller: the verdict and the bundle, from the recorder's
     results and the tests it saw selected."""
@@ -81,7 +73,7 @@ class Certifier:
 
         recorder = session.config.pluginmanager.get_plugin("kvconform-results")
         document = recorder.document()
-        collected = sorted({test_id for test_id in map(suite_test_id, recorder.selected or ()) if test_id})
+        collected = sorted({test_id for test_id in map(collection.suite_test_id, recorder.selected or ()) if test_id})
         self.problems = submission.certification_problems(document, collected)
         if not collected:
             self.problems.append("no test was collected")

@@ -11,6 +11,7 @@ imported by their package name, whatever path pytest found them under, and a tes
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import functools
 import importlib
@@ -61,7 +62,80 @@ def suite_requested(config) -> bool:
 
 def test_id(item) -> str:
     """``conformance/<file>::<name>``: the same for a checkout, an installed run and ``kvconform run``."""
-    return f"conformance/{Path(item.path).name}::{item.name}"
+    return suite_test_id(f"{Path(item.path).name}::{item.name}")
+
+
+def suite_test_id(nodeid: str) -> str | None:
+    """The suite's test id of a pytest node id however the suite was started (a check module's
+    path relative to wherever pytest found it), or None for a node that is not a check."""
+    path, sep, name = nodeid.partition("::")
+    file = Path(path).name
+    return f"conformance/{file}::{name}" if sep and file.startswith("test_") and file.endswith(".py") else None
+
+
+FAMILIES = ("shape", "split", "write", "shuffle", "swap", "copy", "read", "gating", "equivalence", "connector")
+PLANNED = pytest.StashKey["Planned"]()
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """What is known of one suite test before it runs (kept in ``item.stash[PLANNED]``)."""
+
+    test_id: str
+    loaded: object  # registry.Loaded
+    layout: object  # reference Layout, or None
+    family: str
+    clauses: tuple[str, ...]
+    repro: str
+    needs: tuple[str, ...]  # the applicability needs it states (kvc_needs features)
+    reason: object = None  # applicability.NotApplicable: it does not apply here, and why
+    expected: str | None = None  # an expectations entry Fail/Crash: "expected Fail (FILE:LINE: reason)"
+    skip: str | None = None  # an expectations entry Skip, in words
+
+    @property
+    def backend(self) -> str:
+        return self.loaded.name
+
+    def record_fields(self) -> dict:
+        """The record's fields known before the test runs."""
+        b = self.loaded.backend
+        return {"nodeid": self.test_id, "backend": self.loaded.name, "platform": b.platform if b else "unknown", "arch": b.arch() if b else "",
+                "family": self.family, "check": self.test_id.split("::")[1].split("[")[0], "repro": self.repro, "clauses": list(self.clauses),
+                "layout": str(self.layout) if self.layout is not None else None}
+
+
+def plan(item, run) -> Planned | None:
+    """The plan of one suite test: identity, applicability, expectations; None for other items."""
+    from kvconform.reports import expectations
+
+    from ..harness.applicability import Context, needs_of, not_applicable
+    from .command import repro_line
+
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or "case_param" not in callspec.params:
+        return None
+    param = callspec.params["case_param"]
+    loaded, backend = param.loaded, param.loaded.backend
+    reason = param.reason
+    if reason is None and backend is not None:
+        ctx = Context(backend=backend, layout=param.layout, standard=run.options.standard, device=run.options.device,
+                      huge=run.options.huge, compare_digests=run.compare is not None)
+        reason = not_applicable(ctx, needs_of(item, callspec.params.get("golden_case")))
+    identity = test_id(item)
+    planned = Planned(
+        test_id=identity, loaded=loaded, layout=param.layout, reason=reason,
+        family=next((m.name for m in item.iter_markers() if m.name in FAMILIES), "other"),
+        clauses=tuple(c for m in item.iter_markers("kvc_clause") for c in m.args),
+        repro=repro_line(identity, loaded.name, run.options.cli_args()),
+        needs=tuple(m.args[0] for m in item.iter_markers("kvc_needs")),
+    )
+    known = None if reason else expectations.first_match(run.expectations, identity, expectations.record_tags(planned.record_fields()))
+    if known is None:
+        return planned
+    words = f"{known.file}:{known.line}: {known.reason}"
+    if known.outcome == "Skip":
+        return dataclasses.replace(planned, skip=f"expectation {words}")
+    return dataclasses.replace(planned, expected=f"expected {known.outcome} ({words})")
 
 
 class SuitePackage(pytest.Package):

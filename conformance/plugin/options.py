@@ -10,9 +10,12 @@ conftests have registered theirs, for each name still free (:func:`add_aliases`)
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 from kvconform.reference.errors import InputError
+
+from .pytest_api import option_names_taken
 
 PROFILES = ("quick", "full")
 STANDARDS = ("e1", "e3")
@@ -61,13 +64,13 @@ def add_options(parser) -> None:
 def add_aliases(parser) -> list[str]:
     """Register ``--NAME`` for every option with a short spelling that no one else took;
     returns the spellings left to their owners (use ``--kvc-NAME`` for those)."""
-    taken = {n for group in parser._groups for option in group.options for n in option.names()}
+    taken = option_names_taken(parser)
     group = parser.getgroup("kvconform")
     skipped = []
     for name, aliased, attrs in OPTIONS:
         if not aliased:
             continue
-        if f"--{name}" in taken:
+        if taken is None or f"--{name}" in taken:
             skipped.append(f"--{name}")
             continue
         group.addoption(f"--{name}", dest=dest(name), **{**attrs, "help": f"same as --kvc-{name}"})
@@ -102,6 +105,9 @@ class RunOptions:
     def from_config(cls, config, default_device: str) -> "RunOptions":
         get = lambda name: config.getoption(dest(name))  # noqa: E731
         names = tuple(dict.fromkeys(n.strip() for value in get("backend") for n in value.split(",") if n.strip()))
+        if get("backend") and not names:  # an unset $BACKEND in a CI script must not run every built-in
+            raise OptionError(f"--kvc-backend {' '.join(repr(v) for v in get('backend'))}: names no backend; expected a registered name, "
+                              "'mutant:NAME', 'vllm:NAME[+shuffle]' or 'pkg.module:attr' (leave the option out to run every built-in)")
         return cls(
             backends=names, device=get("device") or default_device, seed=get("seed"), profile=get("profile"),
             standard=get("standard"), json_path=get("json"), html_path=get("html"), huge=get("huge"), timeout=get("timeout"),
@@ -130,7 +136,7 @@ def validate(options: RunOptions) -> None:
     low, high = SEED_RANGE
     if not low <= options.seed <= high:
         raise OptionError(f"--kvc-seed {options.seed}: expected an integer from {low} to {high}")
-    if options.timeout is not None and not options.timeout > 0:
+    if options.timeout is not None and not (options.timeout > 0 and math.isfinite(options.timeout)):
         raise OptionError(f"--kvc-timeout {options.timeout}: expected a positive number of seconds")
     check_device(options.device)
 
