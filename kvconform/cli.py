@@ -101,7 +101,7 @@ def coverage_table(runs: list[str], output: str | None) -> int:
         table = C.build(documents)
         text = C.render_markdown(table, how=f"From {', '.join(runs)}.")
     else:
-        from kvconform.conformance import builtin_coverage
+        from kvconform import builtin_coverage
 
         documents = builtin_coverage.run_all()
         table = C.build(documents)
@@ -119,7 +119,7 @@ def coverage_table(runs: list[str], output: str | None) -> int:
 def certify_run(backend: str, out: str, workers: str, extra: list[str]) -> int:
     import subprocess
 
-    from kvconform.conformance.plugin.command import suite_command
+    from kvconform.conformance.plugin.collection import suite_command
 
     status = subprocess.run(suite_command("--kvc-backend", backend, "--kvc-certify", out, "-n", workers, *extra)).returncode
     return status if status else verify_submission(out)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 
-from . import completion
+from . import results
 
 PROPERTIES = ("test_id", "backend", "family", "check", "platform", "arch", "run_platform", "layout", "geometry",
               "kv_cache_dtype", "model_dtype", "seed", "repro", "message", "not_applicable", "failure", "raised")
@@ -80,12 +80,12 @@ def _annotate_case(case: ET.Element, record: dict) -> None:
 def _completion_case(document: dict) -> ET.Element:
     case = ET.Element("testcase", classname="kvconform.run", name="completion", time="0")
     properties = ET.SubElement(case, "properties")
-    ET.SubElement(properties, "property", name="kvc_completion", value=json.dumps(completion.of(document), sort_keys=True))
-    headline = completion.headline(document)
+    ET.SubElement(properties, "property", name="kvc_completion", value=json.dumps(results.of(document), sort_keys=True))
+    headline = results.headline(document)
     if headline:
-        kinds = {r["kind"] for r in completion.of(document).get("reasons", [])}
+        kinds = {r["kind"] for r in results.of(document).get("reasons", [])}
         tag = "skipped" if kinds <= FILTER_ONLY else "error"
-        ET.SubElement(case, tag, type="kvconform.partial-run", message=headline).text = completion.reasons_text(document)
+        ET.SubElement(case, tag, type="kvconform.partial-run", message=headline).text = results.reasons_text(document)
     return case
 
 
@@ -102,7 +102,7 @@ def annotate(xml_text: str, document: dict) -> str:
         if properties is None:
             properties = ET.Element("properties")
             suite.insert(0, properties)
-        ET.SubElement(properties, "property", name="kvc_completion", value=json.dumps(completion.of(document), sort_keys=True))
+        ET.SubElement(properties, "property", name="kvc_completion", value=json.dumps(results.of(document), sort_keys=True))
         suite.append(_completion_case(document))
         cases = suite.findall("testcase")
         suite.set("tests", str(len(cases)))

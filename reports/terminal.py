@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import completion, interop
+from . import interop, results
 from .matrix import Cell, Matrix, build
 from .mutation import kill_rates
 from .results import FAILING
@@ -151,14 +151,14 @@ def _not_passed(matrix: Matrix) -> list[Text]:
 def _totals(documents: list[dict], columns: int) -> Text:
     records = [r for d in documents for r in d["tests"]]
     bad = any(r["outcome"] in FAILING for r in records)
-    return Text.assemble(("total: ", "bold"), (completion.counts_text(records), "bold red" if bad else "green"),
+    return Text.assemble(("total: ", "bold"), (results.counts_text(records), "bold red" if bad else "green"),
                          f" = {len(records)} tests ({columns} backend{'s' if columns != 1 else ''}"
                          f"{f', {len(documents)} runs' if len(documents) > 1 else ''})")
 
 
 def _verdict_line(documents: list[dict]) -> Text:
-    word, why = completion.verdict(documents)
-    style = {completion.CONFORMS: "bold green", completion.DOES_NOT_CONFORM: "bold red"}.get(word, "bold yellow")
+    word, why = results.verdict(documents)
+    style = {results.CONFORMS: "bold green", results.DOES_NOT_CONFORM: "bold red"}.get(word, "bold yellow")
     return Text.assemble(("kvconform verdict: ", "bold"), (word, style), f" ({why})")
 
 
@@ -168,8 +168,8 @@ def render(documents: list[dict], *, color: bool, width: int | None = None) -> s
     matrix = build(documents)
     out = io.StringIO()
     console = Console(file=out, force_terminal=color, no_color=not color, width=width, highlight=False, emoji=False)
-    document = documents[0] if len(documents) == 1 else {"completion": completion.merged(documents)}
-    warning = completion.headline(document)
+    document = documents[0] if len(documents) == 1 else {"completion": results.merged(documents)}
+    warning = results.headline(document)
     console.print(_verdict_line(documents))
     if warning:
         console.print(Text(warning, style="bold yellow"))
@@ -185,7 +185,7 @@ def render(documents: list[dict], *, color: bool, width: int | None = None) -> s
         console.print(Text("\nNot passed (family, check, then each backend it did not pass on):", style="bold"))
         for line in not_passed:
             console.print(line)
-    mutants, families = kill_rates(documents)
+    mutants, families = kill_rates(documents) if results.any_mutant(documents) else ([], {})
     if mutants:
         console.print(Text("\nMutation kill rate (killed: a check of the family it targets failed; families that did not run are not counted):", style="bold"))
         rate = Table(box=box.SIMPLE_HEAD, show_edge=False)
@@ -200,7 +200,7 @@ def render(documents: list[dict], *, color: bool, width: int | None = None) -> s
                 console.print(Text.assemble(("  SURVIVED ", "bold red"), f"mutant:{row['mutant']} in {', '.join(missed)}"))
             if row["not_run"]:
                 console.print(Text.assemble(("  not run ", "yellow"), f"mutant:{row['mutant']}: {', '.join(row['not_run'])} (not counted)"))
-    table = interop.build(documents)
+    table = interop.build(documents) if any(r.get("interop") for d in documents for r in d["tests"]) else None
     if table:
         interop.render_terminal(table, console)
     if warning:

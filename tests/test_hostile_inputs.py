@@ -20,8 +20,9 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-from kvconform.conformance import digests, equivalence
-from kvconform.conformance.plugin.command import suite_command
+from kvconform.conformance.harness import digests, equivalence
+from kvconform.conformance.plugin.collection import suite_command
+from kvconform.reference.errors import InputError
 from kvconform.reports import cli, junit, matrix
 from kvconform.reports.equivalence import compare_entries
 from kvconform.reports.html import render_runs
@@ -131,7 +132,7 @@ def usage_error(tmp_path, fields: dict) -> str:
     """What the suite says at start-up for these options (the checks its plugin runs before collection)."""
     from types import SimpleNamespace
 
-    from kvconform.conformance import options, plugin
+    from kvconform.conformance.plugin import options, session
 
     blocker = tmp_path / "a-file"  # a path under a regular file cannot be created, even by root
     blocker.write_text("")
@@ -143,8 +144,8 @@ def usage_error(tmp_path, fields: dict) -> str:
     opts = options.RunOptions(**{**defaults, **fields})
     try:
         options.validate(opts)
-        plugin._check_outputs(SimpleNamespace(option=SimpleNamespace(xmlpath=xmlpath)), opts)
-    except (options.OptionError, pytest.UsageError) as exc:
+        session._check_outputs(SimpleNamespace(option=SimpleNamespace(xmlpath=xmlpath)), opts)
+    except InputError as exc:
         return str(exc)
     return ""
 
@@ -305,7 +306,8 @@ def test_the_repro_line_reruns_the_failure_with_the_runs_profile_seed_standard_a
 def test_terminal_report_of_a_partial_run_is_never_all_green():
     doc = document(record(), complete=False)
     text = render([doc], color=False, width=80)
-    assert text.startswith("PARTIAL RUN (interrupted: SIGINT)")
+    assert text.startswith("kvconform verdict: PARTIAL RUN (interrupted: SIGINT;")
+    assert "PARTIAL RUN (interrupted: SIGINT)" in " ".join(text.split("\n")[:5])
     legacy = copy.deepcopy(doc)
     del legacy["completion"]  # a file that does not say is not taken as complete
     assert "PARTIAL RUN (unknown" in render([legacy], color=False, width=80)

@@ -32,7 +32,7 @@ from hypothesis.errors import Unsatisfiable
 from kvconform import reference as R
 from kvconform.backends_under_test.contract import Backend, OpUnavailable
 
-from .examples import common_who
+from .facts import common_who
 
 DECLARATION, RUN, MACHINE = "declaration", "run", "machine"
 LAYOUT_KINDS = ("all", "tiled", "standard", "connector", "none")

@@ -16,9 +16,7 @@ import torch
 from kvconform import reference as R
 from kvconform.backends_under_test.contract import Backend, CacheSpec
 
-from .examples import UnavailableSpecs
-from .exercised import note_cache
-from .facts import TestFacts
+from .facts import TestFacts, UnavailableSpecs
 
 GUARD = 256  # bytes before and after every cache; a multiple of every element size
 FP8_KV_CACHE_DTYPES = R.fp8.KV_CACHE_DTYPES
@@ -84,7 +82,7 @@ class Case:
         """The test builds a cache of ``spec``: noted in its facts; a spec this machine is known
         not to run stops the example here (after all its draws: generation never depends on it)."""
         self.unavailable.start(spec)
-        note_cache(self.facts, spec)
+        self.facts.built(spec)
 
     def spec_for(self, cache_dtype, **geometry) -> CacheSpec:
         """The spec of a case of one declared cache dtype (a ``cache_dtype`` sweep value)."""

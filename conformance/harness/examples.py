@@ -24,44 +24,7 @@ from hypothesis import reject
 
 from kvconform.backends_under_test.contract import OpUnavailable
 
-
-def spec_key(layout, model_dtype, kv_cache_dtype, geometry) -> tuple:
-    """What decides the backend's code path for one example (not the block count or data)."""
-    g = geometry
-    return (str(layout), str(model_dtype), kv_cache_dtype, g.block_size, g.num_kv_heads, g.head_size, str(g.dtype))
-
-
-def key_of(spec) -> tuple:
-    return spec_key(spec.layout, spec.model_dtype, spec.kv_cache_dtype, spec.geometry)
-
-
-def common_who(reasons) -> str | None:
-    """The one ``who`` these reasons name, or None when they name several."""
-    who = {exc.who for exc in reasons}
-    return who.pop() if len(who) == 1 else None
-
-
-@dataclasses.dataclass
-class UnavailableSpecs:
-    """The specs of one test this machine cannot run, and the spec the current example runs."""
-
-    reasons: dict = dataclasses.field(default_factory=dict)  # spec key -> the OpUnavailable it raised
-    current: tuple | None = None  # the key of the spec the running example allocated last
-
-    def start(self, spec) -> None:
-        """An example allocates ``spec``: remember it; stop here if it is known unavailable."""
-        self.current = key_of(spec)
-        known = self.reasons.get(self.current)
-        if known is not None:
-            raise OpUnavailable(str(known), who=known.who)
-
-    def every_candidate(self, candidates: set[tuple]) -> OpUnavailable | None:
-        """One ``OpUnavailable`` for the test once every spec it can draw is known unavailable."""
-        if not candidates or not candidates <= set(self.reasons):
-            return None
-        reasons = sorted({str(self.reasons[k]) for k in candidates})
-        return OpUnavailable(f"every case the test can draw ({len(candidates)}): " + "; ".join(reasons),
-                             who=common_who(self.reasons[k] for k in candidates))
+from .facts import common_who
 
 
 def unavailable_text(exc: OpUnavailable) -> str:

@@ -15,6 +15,8 @@ import dataclasses
 import fnmatch
 import functools
 import importlib
+import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,7 +111,6 @@ def plan(item, run) -> Planned | None:
     from kvconform.reports import expectations
 
     from ..harness.applicability import Context, needs_of, not_applicable
-    from .command import repro_line
 
     callspec = getattr(item, "callspec", None)
     if callspec is None or "case_param" not in callspec.params:
@@ -129,7 +130,7 @@ def plan(item, run) -> Planned | None:
         repro=repro_line(identity, loaded.name, run.options.cli_args()),
         needs=tuple(m.args[0] for m in item.iter_markers("kvc_needs")),
     )
-    known = None if reason else expectations.first_match(run.expectations, identity, expectations.record_tags(planned.record_fields()))
+    known = None if reason or not run.expectations else expectations.first_match(run.expectations, identity, expectations.record_tags(planned.record_fields()))
     if known is None:
         return planned
     words = f"{known.file}:{known.line}: {known.reason}"
@@ -167,3 +168,21 @@ def collected_by_pytest(path: Path, parent) -> bool:
     """Whether pytest's python plugin collects this file (an argument, or matching python_files)."""
     patterns = parent.config.getini("python_files")
     return parent.session.isinitpath(path) or any(fnmatch.fnmatch(path.name, p) for p in patterns)
+
+
+# ----------------------------------------------------------------------------- command lines
+# The one place that spells a command line running the suite: for `kvconform run`, kvconform's
+# own self-tests, and the repro line printed with every failure.
+def suite_command(*pytest_args: str, python: str | None = None, target: str = SUITE) -> list[str]:
+    """``python -m pytest --pyargs kvconform.conformance …``: runs the installed suite from any
+    directory (in a checkout, the checkout's files: they are that package)."""
+    return [python or sys.executable, "-m", "pytest", "--pyargs", target, "-p", "no:cacheprovider", *pytest_args]
+
+
+def repro_line(test_id: str, backend: str, run_args: list[str]) -> str:
+    """A shell line that re-runs exactly one test with this run's seed, profile, standard and
+    device, from any directory: ``pytest --pyargs 'kvconform.conformance.test_x::test_y[…]' …``."""
+    path, _, name = test_id.partition("::")
+    module = path.removesuffix(".py").replace("/", ".")
+    target = f"kvconform.{module}::{name}"
+    return " ".join(shlex.quote(part) for part in ["pytest", "--pyargs", target, "--kvc-backend", backend, *run_args])

@@ -13,13 +13,14 @@ The path of one verdict (docs/ARCHITECTURE.md):
 2. collection: every check is parametrized with the backends' (layout, sweep value) cases
    (harness/applicability.py, harness/sweeps.py) and planned (collection.Planned: identity,
    a not-applicable reason, an expectations entry);
-3. the test runs with the ``case`` fixture (fixtures.py), which collects its facts;
+3. the test runs with the ``case`` fixture (below), which collects its facts;
 4. each phase's report gets its verdict (verdict.py) and carries the test's record across
    xdist as one property; the recorder (recorder.py) writes JSON, HTML, JUnit and the terminal report.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import pytest
@@ -30,7 +31,6 @@ from . import collection, options
 from .session import ALIASES_LEFT, RUN, SuiteRun
 
 ENTRY_POINT = "kvconform"
-pytest_plugins = ["kvconform.conformance.plugin.fixtures"]
 STATE = pytest.StashKey[dict]()  # per item: the verdict so far
 
 
@@ -129,7 +129,67 @@ def pytest_collection_modifyitems(config, items):
             item.user_properties.append(("test_id", planned.test_id))  # JUnit's testcases are matched by it
 
 
-# ----------------------------------------------------------------------------- 3. running
+# ----------------------------------------------------------------------------- 3. fixtures
+# The sweep fixtures are parametrized at collection (pytest_generate_tests, harness/sweeps.py):
+# ``pytest --fixtures`` lists each with what it holds.
+@pytest.fixture
+def case_param(request):
+    """The (backend, layout) case of this test (harness/applicability.py ``CaseParam``)."""
+    return request.param
+
+
+@pytest.fixture
+def case(request, case_param):
+    """The check's backend, layout, device and seed, with the test's facts (harness/case.py)."""
+    import torch
+
+    from ..harness.case import Case
+
+    run, planned = request.config.stash[RUN], request.node.stash[collection.PLANNED]
+    if case_param.loaded.backend is None:
+        pytest.fail(f"backend {case_param.loaded.name} failed to load: {case_param.loaded.error}", pytrace=False)
+    torch.manual_seed(run.options.seed)
+    return Case(backend=case_param.loaded.backend, layout=case_param.layout, device=run.options.device, seed=run.options.seed,
+                standard=run.options.standard, test_id=planned.test_id, repro=planned.repro, huge=run.options.huge)
+
+
+@pytest.fixture
+def cache_dtype(request):
+    """One cache dtype the backend declares: ``auto`` with each model dtype, each fp8
+    ``kv_cache_dtype`` with the first model dtype (harness/sweeps.py ``CacheDtype``)."""
+    return request.param
+
+
+@pytest.fixture
+def fp8_cache_dtype(request):
+    """One fp8 ``kv_cache_dtype`` the backend declares, with the storage dtype it means on the
+    backend's platform (harness/sweeps.py ``CacheDtype``)."""
+    return request.param
+
+
+@pytest.fixture
+def size_class(request):
+    """One size class the backend's declared sizes reach on the layout: H = 1, H = 2, a head
+    count, head size or block size that is not a power of two, three layers (harness/sweeps.py ``SizeClass``)."""
+    return request.param
+
+
+@pytest.fixture
+def exported_digests(request):
+    """The digest file given with --kvc-compare-digests (loaded and checked at start-up); in a
+    certified run without one, the reference's digests of the backends' layouts."""
+    return request.config.stash[RUN].compare
+
+
+@pytest.fixture
+def peers(request):
+    """Every backend of this run as a consumer endpoint of the interop table (harness/interop.py)."""
+    from ..harness import interop
+
+    return interop.peer_endpoints(request.config.stash[RUN].backends)
+
+
+# ----------------------------------------------------------------------------- 4. running
 def pytest_runtest_setup(item):
     planned = item.stash.get(collection.PLANNED, None)
     if planned is not None and (planned.reason or planned.skip):  # verdict.decide reads why from the plan
@@ -138,12 +198,31 @@ def pytest_runtest_setup(item):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):
-    """Per-example applicability and per-path block sizes (harness/examples.py)."""
+    """Per-example applicability and per-path block sizes (harness/examples.py): a Hypothesis
+    check gets the per-example wrapper, a fixed check of an op whose code paths differ by block
+    size runs at each of them. None: pytest calls the check as usual; True: called here."""
     if collection.PLANNED not in pyfuncitem.stash or "case" not in pyfuncitem.funcargs:
         return None
-    from .running import call_check
+    from ..harness.examples import run_at_path_block_sizes, skipping_unavailable_examples
+    from ..harness.facts import spec_key
+    from ..harness.strategies import geometry_choices
 
-    return call_check(pyfuncitem)
+    function, case = pyfuncitem.obj, pyfuncitem.funcargs["case"]
+    handle = getattr(function, "hypothesis", None)
+    if handle is not None:
+        candidates = {spec_key(case.layout, *choice) for choice in geometry_choices(case)} if case.layout is not None else set()
+        handle.inner_test = skipping_unavailable_examples(handle.inner_test, candidates)
+        return None
+    marker = pyfuncitem.get_closest_marker("kvc_op")
+    size_class = pyfuncitem.funcargs.get("size_class")
+    if marker is None or case.layout is None or "golden_case" in pyfuncitem.funcargs or (size_class and size_class.field == "block_size"):
+        return None  # golden cases and block-size classes write at their own block size
+    sizes = case.backend.path_block_sizes(marker.args[0], case.layout)
+    if len(sizes) < 2:
+        return None
+    args = {name: pyfuncitem.funcargs[name] for name in inspect.signature(function).parameters}
+    run_at_path_block_sizes(lambda sized: function(**{**args, "case": sized}), case, sizes)
+    return True
 
 
 @pytest.hookimpl(wrapper=True)

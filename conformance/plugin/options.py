@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import warnings
 
 from kvconform.reference.errors import InputError
 
-from .pytest_api import option_names_taken
 
 PROFILES = ("quick", "full")
 STANDARDS = ("e1", "e3")
@@ -157,3 +157,21 @@ def check_device(device: str) -> None:
         here = "cpu" + (f", cuda:0 … cuda:{torch.cuda.device_count() - 1}" if torch.cuda.is_available() else "")
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise OptionError(f"--kvc-device {device}: not available on this machine ({reason}); devices here: {here}") from exc
+
+
+# ----------------------------------------------------------------------------- pytest internals
+# Supported pytest: 8.x and 9.x (tests/test_pytest_versions.py pins what this relies on).
+SUPPORTED_MAJOR = (8, 9)
+
+
+def option_names_taken(parser) -> set[str] | None:
+    """Every option spelling already registered (by pytest, plugins, conftests), or None when
+    this pytest keeps them where the helper cannot see (then no short alias is added: the
+    ``--kvc-`` spellings always work)."""
+    groups = getattr(parser, "_groups", None)
+    if groups is None:
+        warnings.warn("kvconform: cannot list this pytest's options; only --kvc-* spellings are registered", stacklevel=2)
+        return None
+    anonymous = getattr(parser, "_anonymous", None)
+    options = [option for group in [*groups, *([anonymous] if anonymous is not None else [])] for option in group.options]
+    return {name for option in options for name in option.names()}

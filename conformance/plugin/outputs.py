@@ -24,7 +24,7 @@ import tempfile
 import time
 
 from kvconform.reference.errors import InputError
-from kvconform.reports import completion
+from kvconform.reports import results
 from kvconform.reports.results import read_json
 
 
@@ -112,7 +112,7 @@ def keep_complete_result(json_path: str, html_path: str) -> str | None:
         earlier = read_json(json_path, "kvconform results file", ValueError)
     except ValueError:
         return None
-    if not isinstance(earlier, dict) or not completion.is_complete(earlier):
+    if not isinstance(earlier, dict) or not results.is_complete(earlier):
         return None
     kept = os.path.splitext(json_path)[0] + ".complete.json"
     os.replace(json_path, kept)

@@ -8,7 +8,7 @@ planned fields, its facts and its verdict so far (:func:`payload`). Records are 
 suite's stable test id. A crash report (the worker died) carries nothing: its verdict is made
 here from the last payload of the same test (verdict.crashed).
 
-The document says whether the run completed (``completion``, completeness.py): the tests it
+The document says whether the run completed (``completion``, py): the tests it
 selected are matched with the verdicts it recorded, and filters and early stops are named, so a
 partial run is never shown as a green verdict (docs/RELIABILITY.md). A session that ran no
 test at all (``--collect-only``, ``--fixtures``) writes nothing.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import time
 from pathlib import Path
 
@@ -27,8 +28,83 @@ import pytest
 from kvconform.reports import expectations
 from kvconform.reports.results import NOT_APPLICABLE, SCHEMA, UNEXPECTED_PASS, TestRecord, package_version, write_atomically
 
-from . import collection, completeness, verdict, watchdog
+from . import collection, verdict, watchdog
 from .outputs import keep_complete_result
+
+
+# ----------------------------------------------------------------------------- completion
+# What narrowed or cut short a run: the reasons of the results document's ``completion`` object
+# (docs/RESULTS_SCHEMA.md; wording and reading in kvconform.reports.results). Filters are read
+# from the options that select tests (-m, -k, --deselect, --lf, arguments naming less than the
+# whole suite); stops from how the session ended; and the selected tests are matched with the
+# verdicts recorded, so a test that never reported — whatever ended the run — is counted.
+INTERRUPTED, INTERNAL_ERROR = 2, 3  # pytest.ExitCode values
+
+
+def filters(config, deselected: int = 0) -> list[dict]:
+    """Options and arguments of this invocation that select a part of the suite; ``deselected``
+    counts the checks deselected by anything (a plugin or conftest too)."""
+    option = config.option
+    found = []
+    if getattr(option, "markexpr", ""):
+        found.append(f"-m {shlex.quote(option.markexpr)}")
+    if getattr(option, "keyword", ""):
+        found.append(f"-k {shlex.quote(option.keyword)}")
+    for nodeid in getattr(option, "deselect", None) or []:
+        found.append(f"--deselect {shlex.quote(nodeid)}")
+    if getattr(option, "lf", False):
+        found.append("--last-failed")
+    invocation = config.invocation_params.dir
+    for arg in config.args:
+        if collection.targets_suite(arg, option.pyargs, invocation) and not collection.names_whole_suite(arg, option.pyargs, invocation):
+            found.append(f"argument {shlex.quote(str(arg))}")
+    if not found and not deselected:
+        return []
+    counted = f" ({deselected} checks deselected)" if deselected else ""
+    if not found:
+        return [{"kind": "filtered", "what": f"{deselected} checks deselected by a plugin or conftest"}]
+    return [{"kind": "filtered", "what": f"{', '.join(found)} select{'s' if len(found) == 1 else ''} part of the suite{counted}"}]
+
+
+def count_checks(items) -> int:
+    return sum(1 for item in items if collection.is_check_file(item.path))
+
+
+class DeselectionTally:
+    """On an xdist worker: how many checks it deselected, sent to the controller with the
+    worker's output (the controller collects nothing itself)."""
+
+    KEY = "kvconform_deselected"
+
+    def __init__(self, config):
+        self.config = config
+
+    def pytest_deselected(self, items):
+        output = self.config.workeroutput
+        output[self.KEY] = output.get(self.KEY, 0) + count_checks(items)
+
+
+def stops(session, exitstatus: int, collect_errors: list[str]) -> list[dict]:
+    """How the session ended, when it ended before every selected test ran."""
+    reasons = []
+    if collect_errors:
+        reasons.append({"kind": "collection-error", "what": f"{len(collect_errors)} module(s) failed to collect: {', '.join(collect_errors[:3])}"})
+    if exitstatus == INTERRUPTED and not collect_errors:
+        reasons.append({"kind": "interrupted", "what": str(session.shouldstop or "interrupted (Ctrl-C or SIGINT)")})
+    elif exitstatus == INTERNAL_ERROR:
+        reasons.append({"kind": "internal-error", "what": "pytest stopped with an internal error"})
+    elif session.shouldfail or session.shouldstop:
+        reasons.append({"kind": "stopped", "what": str(session.shouldfail or session.shouldstop)})
+    return reasons
+
+
+def missing_verdicts(selected: set[str] | None, with_verdict: set[str]) -> list[dict]:
+    if selected is None:
+        return []
+    missing = sorted(selected - with_verdict)
+    if not missing:
+        return []
+    return [{"kind": "no-verdict", "what": f"{len(missing)} selected test(s) have no result, e.g. {missing[0]}"}]
 
 
 def payload(planned, state: dict, case) -> dict:
@@ -77,7 +153,8 @@ class ResultRecorder:
     """A pytest plugin object: one record per test; JSON, HTML, JUnit and the terminal report at the end."""
 
     def __init__(self, run, environment: dict, lock=None):
-        watchdog.clear(run.options.json_path)
+        if run.options.timeout:
+            watchdog.clear(run.options.json_path)
         self.run = run
         self.environment = environment
         self.lock = lock
@@ -104,11 +181,11 @@ class ResultRecorder:
             self.selected = {item.nodeid for item in session.items if collection.PLANNED in item.stash}
 
     def pytest_deselected(self, items):
-        self.deselected += completeness.count_checks(items)
+        self.deselected += count_checks(items)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error):
-        self.deselected = max(self.deselected, getattr(node, "workeroutput", {}).get(completeness.DeselectionTally.KEY, 0))
+        self.deselected = max(self.deselected, getattr(node, "workeroutput", {}).get(DeselectionTally.KEY, 0))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids):
@@ -155,9 +232,9 @@ class ResultRecorder:
     def _completion(self, session, exitstatus: int) -> dict:
         with_verdict = {nodeid for nodeid, test_id in self.nodeids.items() if test_id in self.records}
         reasons = [
-            *completeness.stops(session, exitstatus, self.collect_errors),
-            *completeness.filters(session.config, self.deselected),
-            *completeness.missing_verdicts(self.selected, with_verdict),
+            *stops(session, exitstatus, self.collect_errors),
+            *filters(session.config, self.deselected),
+            *missing_verdicts(self.selected, with_verdict),
         ]
         if self.run.compare is not None:
             compared = [r for test_id, r in self.records.items() if "compare_digests" in self.last[test_id]["needs"] and r.outcome != NOT_APPLICABLE]
@@ -198,7 +275,7 @@ class ResultRecorder:
         self.completion = self._completion(session, exitstatus)
         self.stale_expectations = [
             {"file": e.file, "line": e.line, "pattern": e.pattern, "reason": e.reason}
-            for e in expectations.stale(self.run.expectations, records)
+            for e in (expectations.stale(self.run.expectations, records) if self.run.expectations else ())
         ]
         if options.export_digests:
             from ..harness.digests import export

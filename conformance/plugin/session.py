@@ -14,7 +14,8 @@ import pytest
 
 from kvconform.reference.errors import InputError
 
-from . import options, run_defaults
+from . import options
+from .options import STANDARDS
 
 RUN = pytest.StashKey["SuiteRun"]()
 ALIASES_LEFT = pytest.StashKey[list]()  # short option spellings a conftest or plugin owns here
@@ -55,7 +56,7 @@ class SuiteRun:
         if controller:
             _check_outputs(config, opts)
         else:
-            from .completeness import DeselectionTally
+            from .recorder import DeselectionTally
 
             config.pluginmanager.register(DeselectionTally(config), "kvconform-deselected")
         # Hypothesis' scratch files go beside the results, never into the caller's tree or site-packages.
@@ -72,9 +73,9 @@ class SuiteRun:
         config.option.hypothesis_seed = str(opts.seed)  # read by Hypothesis' own plugin
         known = expectations.parse(opts.expectations) if opts.expectations else []
         backends, left_out = _load_backends(opts.backends)
-        # options not given, from what the backends declare (run_defaults.py)
-        opts = dataclasses.replace(opts, standard=run_defaults.standard(opts.standard, backends, explicit=bool(opts.backends)),
-                                   timeout=run_defaults.timeout(opts.timeout, backends))
+        # options not given, from what the backends declare (below)
+        opts = dataclasses.replace(opts, standard=default_standard(opts.standard, backends, explicit=bool(opts.backends)),
+                                   timeout=default_timeout(opts.timeout, backends))
         compare = _load_compare(opts.compare_digests)
         if compare is None and opts.certify:  # nothing waived: without another machine's file, compare with the reference's
             from ..harness.digests import reference_export
@@ -198,3 +199,35 @@ def _load_compare(path):
     from ..harness.digests import load
 
     return load(path)
+
+
+# ----------------------------------------------------------------------------- run options a user did not give
+# --kvc-standard: the layout standard every named backend that declares one declares (E1 when
+# they share both); E1 when none declares one; a usage error when named backends disagree — one
+# run checks one standard, and checking an E3-only backend against E1 would only make its
+# standard checks not applicable. The default backend set (no --backend) is the E1 models plus
+# one E3 model and keeps E1. --kvc-timeout: the longest Backend.default_timeout among the
+# backends (vLLM's adapters set one: a kernel that writes out of bounds can hang a worker).
+FALLBACK_STANDARD = "e1"
+
+
+def default_standard(given: str | None, backends: dict, explicit: bool) -> str:
+    if given:
+        return given
+    declared = {name: loaded.backend.capabilities.standards for name, loaded in backends.items()
+                if loaded.backend is not None and loaded.backend.capabilities.standards}
+    if not declared or not explicit:
+        return FALLBACK_STANDARD
+    common = set(STANDARDS).intersection(*declared.values())
+    if not common:
+        listing = ", ".join(f"{name}: {'/'.join(sorted(s))}" for name, s in declared.items())
+        raise InputError(f"--kvc-standard not given and the backends declare different standards ({listing}); "
+                         f"give --kvc-standard {' or '.join(STANDARDS)}, or run them separately")
+    return min(common, key=STANDARDS.index)
+
+
+def default_timeout(given: float | None, backends: dict) -> float | None:
+    if given is not None:
+        return given
+    limits = [loaded.backend.default_timeout for loaded in backends.values() if loaded.backend is not None and loaded.backend.default_timeout]
+    return max(limits) if limits else None
