@@ -150,7 +150,7 @@ class SuiteModule(pytest.Module):
     """A check module imported as ``kvconform.conformance.<name>``, and collected by the
     suite's own naming rules (a vendor's ``python_files``/``python_functions`` ini does not apply)."""
 
-    def _getobj(self):
+    def _getobj(self):  # pytest.Module's own import by file path (pytest 8 and 9; tests/test_plugin_surface.py pins it)
         return importlib.import_module(f"{SUITE}.{self.path.stem}")
 
     def funcnamefilter(self, name: str) -> bool:
