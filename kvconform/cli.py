@@ -128,7 +128,7 @@ def certify_run(backend: str, out: str, workers: str, extra: list[str]) -> int:
 def verify_submission(bundle: str) -> int:
     import os
 
-    from kvconform.conformance.plugin.must_pass import must_pass
+    from kvconform.conformance.plugin.collection import must_pass
     from kvconform.reports import submission
 
     problems = submission.verify(bundle, must_pass())

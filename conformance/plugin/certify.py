@@ -69,7 +69,6 @@ class Certifier:
     @pytest.hookimpl(trylast=True)  # after the recorder has its records
     def pytest_sessionfinish(self, session):
         from ..harness.digests import header
-        from .must_pass import must_pass
 
         recorder = session.config.pluginmanager.get_plugin("kvconform-results")
         document = recorder.document()
@@ -83,7 +82,7 @@ class Certifier:
         argv = [sys.executable, "-m", "pytest", *session.config.invocation_params.args]
         command = {"argv": argv, "line": shlex.join(argv), "cwd": str(session.config.invocation_params.dir)}
         self.checksum = submission.write_bundle(self.run.options.certify, document, collected=collected,
-                                                must_pass=must_pass(), command=command, digests_header=header())
+                                                must_pass=collection.must_pass(), command=command, digests_header=header())
 
     def pytest_terminal_summary(self, terminalreporter):
         terminalreporter.write_sep("=", "kvconform certification")

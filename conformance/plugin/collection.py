@@ -75,6 +75,19 @@ def suite_test_id(nodeid: str) -> str | None:
     return f"conformance/{file}::{name}" if sep and file.startswith("test_") and file.endswith(".py") else None
 
 
+def must_pass() -> list[str]:
+    """Every check of this suite version, ``conformance/<file>::<function>``: a certified run
+    needs, for every backend it certifies, a record of each (passed, or not applicable by the
+    backend's declaration); ``kvconform verify-submission`` holds a bundle to the list of the
+    kvconform version that checks it; a run that collected none of a check is not complete."""
+    checks = []
+    for path in sorted(suite_dir().glob("test_*.py")):
+        module = importlib.import_module(f"{SUITE}.{path.stem}")
+        checks += [f"conformance/{path.name}::{name}" for name, obj in sorted(vars(module).items())
+                   if name.startswith("test_") and callable(obj) and getattr(obj, "__module__", None) == module.__name__]
+    return checks
+
+
 FAMILIES = ("shape", "split", "write", "shuffle", "swap", "copy", "read", "gating", "equivalence", "connector")
 PLANNED = pytest.StashKey["Planned"]()
 

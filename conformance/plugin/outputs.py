@@ -8,9 +8,12 @@ time per results file, and a complete earlier result never replaced silently by 
   second run started for the same path is refused up front (exit 4) naming the first run's
   process. A lock left by a process that no longer exists (killed, machine rebooted) is taken
   over, and the run says the earlier one ended without results.
-- A run that is not complete (docs/RELIABILITY.md) writes its own results — a reader of PATH
-  always sees the run that last wrote it — but when PATH held a *complete* run, that document is
-  kept first as ``<stem>.complete.json`` (its HTML as ``<stem>.complete.html``), and the run says so.
+- A run moves the results it will replace aside as it starts (``<stem>.previous.json``), so
+  PATH exists only once a run has finished writing it: a run killed by SIGTERM or SIGKILL leaves
+  none that looks like its own. A run that is not complete (docs/RELIABILITY.md) writes its own
+  results — a reader of PATH always sees the run that last wrote it — but when PATH held a
+  *complete* run, that document is kept as ``<stem>.complete.json`` (its HTML as
+  ``<stem>.complete.html``), and the run says so.
 """
 
 from __future__ import annotations
@@ -103,19 +106,34 @@ def _read_lock(path: str) -> dict | None:
         return None
 
 
-def keep_complete_result(json_path: str, html_path: str) -> str | None:
-    """Before a partial run writes ``json_path``: move a complete document found there (and its
-    HTML) aside as ``<stem>.complete.json``; returns where it went, or None."""
-    if not os.path.exists(json_path):
-        return None
+def _aside(path: str, suffix: str) -> str:
+    return os.path.splitext(path)[0] + suffix + os.path.splitext(path)[1]
+
+
+def set_aside(json_path: str, html_path: str) -> None:
+    """A run starts: the results it will replace move to ``<stem>.previous.json`` (its HTML too),
+    so a run that is killed leaves no results file that looks like its own."""
+    for path in (json_path, html_path):
+        if os.path.exists(path):
+            os.replace(path, _aside(path, ".previous"))
+
+
+def settle_previous(json_path: str, html_path: str, complete: bool) -> str | None:
+    """A run has written its results: a *complete* earlier document set aside is kept as
+    ``<stem>.complete.json`` (its HTML as ``.complete.html``) when this run is partial, and
+    dropped otherwise. Returns where it was kept, or None."""
+    previous = _aside(json_path, ".previous")
     try:
-        earlier = read_json(json_path, "kvconform results file", ValueError)
+        earlier = read_json(previous, "kvconform results file", ValueError) if os.path.exists(previous) else None
     except ValueError:
-        return None
-    if not isinstance(earlier, dict) or not results.is_complete(earlier):
-        return None
-    kept = os.path.splitext(json_path)[0] + ".complete.json"
-    os.replace(json_path, kept)
-    if os.path.exists(html_path):
-        os.replace(html_path, os.path.splitext(html_path)[0] + ".complete.html")
+        earlier = None
+    keep = not complete and isinstance(earlier, dict) and results.is_complete(earlier)
+    kept = None
+    for path in (json_path, html_path):
+        if os.path.exists(_aside(path, ".previous")):
+            if keep:
+                os.replace(_aside(path, ".previous"), _aside(path, ".complete"))
+                kept = kept or _aside(path, ".complete")
+            else:
+                os.unlink(_aside(path, ".previous"))
     return kept

@@ -29,7 +29,7 @@ from kvconform.reports import expectations
 from kvconform.reports.results import NOT_APPLICABLE, SCHEMA, UNEXPECTED_PASS, TestRecord, package_version, write_atomically
 
 from . import collection, verdict, watchdog
-from .outputs import keep_complete_result
+from .outputs import set_aside, settle_previous
 
 
 # ----------------------------------------------------------------------------- completion
@@ -96,6 +96,19 @@ def stops(session, exitstatus: int, collect_errors: list[str]) -> list[dict]:
     elif session.shouldfail or session.shouldstop:
         reasons.append({"kind": "stopped", "what": str(session.shouldfail or session.shouldstop)})
     return reasons
+
+
+def not_collected(selected: set[str] | None) -> list[dict]:
+    """Checks of the suite of which no test was collected although nothing filtered the run
+    (``--ignore``, a plugin or conftest dropping items without reporting them deselected)."""
+    if not selected:
+        return []
+    collected = {test_id.split("[")[0] for test_id in map(collection.suite_test_id, selected) if test_id}
+    missing = [check for check in collection.must_pass() if check not in collected]
+    if not missing:
+        return []
+    return [{"kind": "not-collected", "what": f"{len(missing)} check(s) of the suite were never collected, e.g. {missing[0]} "
+                                              "(--ignore, or a plugin or conftest that dropped them)"}]
 
 
 def missing_verdicts(selected: set[str] | None, with_verdict: set[str]) -> list[dict]:
@@ -195,6 +208,8 @@ class ResultRecorder:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session):
         self.tests_ran = not session.config.option.collectonly
+        if self.tests_ran:  # from here on the results file is this run's or none
+            set_aside(self.run.options.json_path, self.html_path)
         return (yield)
 
     # ------------------------------------------------------------------ verdicts
@@ -231,9 +246,11 @@ class ResultRecorder:
     # ------------------------------------------------------------------ the end of the run
     def _completion(self, session, exitstatus: int) -> dict:
         with_verdict = {nodeid for nodeid, test_id in self.nodeids.items() if test_id in self.records}
+        narrowed = filters(session.config, self.deselected)
         reasons = [
             *stops(session, exitstatus, self.collect_errors),
-            *filters(session.config, self.deselected),
+            *narrowed,
+            *([] if narrowed else not_collected(self.selected)),
             *missing_verdicts(self.selected, with_verdict),
         ]
         if self.run.compare is not None:
@@ -291,15 +308,14 @@ class ResultRecorder:
     def _write(self, config) -> None:
         options = self.run.options
         document = self.document()
-        if not self.completion or not self.completion["complete"]:
-            kept = keep_complete_result(options.json_path, self.html_path)
-            if kept:
-                self.notes.append(("yellow", f"kvconform: {options.json_path} held a complete run; kept it as {kept}"))
         from kvconform.reports.html import render_runs
 
         write_atomically(options.json_path, json.dumps(document, indent=1, default=str))
         write_atomically(self.html_path, render_runs([document]))
         self.written = True
+        kept = settle_previous(options.json_path, self.html_path, complete=bool(self.completion and self.completion["complete"]))
+        if kept:
+            self.notes.append(("yellow", f"kvconform: {options.json_path} held a complete run; kept it as {kept}"))
         xml_path = getattr(config.option, "xmlpath", None)
         if xml_path and os.path.exists(xml_path):
             from kvconform.reports.junit import annotate
