@@ -47,3 +47,20 @@ def test_the_pytest_internals_the_plugin_uses_exist():
     parser.getgroup("vendor").addoption("--device")
     assert "--device" in options.option_names_taken(parser)
     assert callable(getattr(pytest.Module, "_getobj", None)) and "_getobj" in vars(SuiteModule)
+
+
+def test_every_record_of_a_run_matches_the_schema_derived_from_the_record_type(tmp_path):
+    from kvconform.reports.results import record_schema
+
+    from .suite_runs import run_suite
+
+    schema = record_schema()
+    kinds = {"string": str, "integer": int, "number": (int, float), "array": list, "object": dict, "null": type(None)}
+    records = run_suite(tmp_path, "--kvc-backend", "reference,reference_kv_first", "-m", "shape or split").records
+    assert records
+    for record in records:
+        assert set(record) == set(schema["properties"]), record["nodeid"]
+        for name, rule in schema["properties"].items():
+            allowed = rule["type"] if isinstance(rule["type"], list) else [rule["type"]]
+            assert isinstance(record[name], tuple(kinds[k] for k in allowed)), (record["nodeid"], name, record[name])
+        assert record["outcome"] in schema["properties"]["outcome"]["enum"]
