@@ -36,9 +36,9 @@ def read_text(path: str, what: str, error: type[Exception], limit: int = READ_LI
     and what it should have been: a device, FIFO or directory is never read (``/dev/zero`` would
     never end), nor a file past the limit."""
     try:
-        with open(path, "rb") as fh:
-            mode = os.fstat(fh.fileno()).st_mode
-            if not stat.S_ISREG(mode):
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO opened so does not wait for a writer
+        with open(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise error(f"{path}: not a regular file; expected a {what}")
             data = fh.read(limit + 1)
     except OSError as exc:

@@ -20,8 +20,9 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-from kvconform.conformance import digests, equivalence
+from kvconform.conformance.harness import digests, equivalence
 from kvconform.conformance.plugin.command import suite_command
+from kvconform.reference.errors import InputError
 from kvconform.reports import cli, junit, matrix
 from kvconform.reports.equivalence import compare_entries
 from kvconform.reports.html import render_runs
@@ -127,11 +128,18 @@ BAD_OPTIONS = [  # (RunOptions fields, or "xmlpath" for --junitxml; what the usa
 ]
 
 
+def output_options(opts, xmlpath=None) -> tuple[dict, dict]:
+    """The (outputs, inputs) of a run for ``outputs.check_outputs``: the call the plugin makes."""
+    return ({"--kvc-json": opts.json_path, "--kvc-html": opts.html_path or os.path.splitext(opts.json_path)[0] + ".html",
+             "--junitxml": xmlpath, "--kvc-update-expectations": opts.update_expectations,
+             "--kvc-export-digests": opts.export_digests, "--kvc-certify": opts.certify},
+            {"--kvc-expectations": opts.expectations, "--kvc-compare-digests": opts.compare_digests})
+
+
 def usage_error(tmp_path, fields: dict) -> str:
     """What the suite says at start-up for these options (the checks its plugin runs before collection)."""
-    from types import SimpleNamespace
-
-    from kvconform.conformance import options, plugin
+    from kvconform.conformance.plugin import options
+    from kvconform.conformance.plugin.outputs import check_outputs
 
     blocker = tmp_path / "a-file"  # a path under a regular file cannot be created, even by root
     blocker.write_text("")
@@ -143,8 +151,8 @@ def usage_error(tmp_path, fields: dict) -> str:
     opts = options.RunOptions(**{**defaults, **fields})
     try:
         options.validate(opts)
-        plugin._check_outputs(SimpleNamespace(option=SimpleNamespace(xmlpath=xmlpath)), opts)
-    except (options.OptionError, pytest.UsageError) as exc:
+        check_outputs(*output_options(opts, xmlpath))
+    except InputError as exc:
         return str(exc)
     return ""
 

@@ -104,7 +104,7 @@ def _kind(path: str) -> str | None:
     """What is at ``path`` (links followed): None when nothing is."""
     try:
         mode = os.stat(path).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing there (a path under a file cannot be written: said later)
         return None
     except OSError as exc:
         return f"path that cannot be examined ({exc.strerror or exc})"
@@ -285,17 +285,19 @@ def _read_lock(path: str, what: str) -> dict:
     remove = f"remove it if no kvconform run is writing {path.removesuffix('.lock')}"
     try:
         mode = os.lstat(path).st_mode
-        if not stat.S_ISREG(mode):  # a directory, FIFO or link is never opened
-            kind = "directory" if stat.S_ISDIR(mode) else "symbolic link" if stat.S_ISLNK(mode) else "special file"
-            raise OutputError(f"{what}: its lock {path} is a {kind}, expected the JSON file a kvconform run writes; {remove}")
-        with open(path, "rb") as fh:
-            data = fh.read(LOCK_LIMIT + 1)
-        holder = json.loads(data.decode("utf-8")) if len(data) <= LOCK_LIMIT else None
+        if stat.S_ISREG(mode):  # a directory, FIFO or link is never opened
+            with open(path, "rb") as fh:
+                data = fh.read(LOCK_LIMIT + 1)
     except FileNotFoundError:
         raise OutputError(f"{what}: its lock {path} vanished while it was read; run again") from None
     except OSError as exc:
         raise OutputError(f"{what}: cannot read its lock {path} ({exc.strerror or exc}); {remove}") from exc
-    except ValueError:  # not UTF-8, not JSON
+    if not stat.S_ISREG(mode):
+        kind = "directory" if stat.S_ISDIR(mode) else "symbolic link" if stat.S_ISLNK(mode) else "special file"
+        raise OutputError(f"{what}: its lock {path} is a {kind}, expected the JSON file a kvconform run writes; {remove}")
+    try:
+        holder = json.loads(data.decode("utf-8")) if len(data) <= LOCK_LIMIT else None
+    except (ValueError, RecursionError):  # not UTF-8, not JSON
         holder = None
     if not (isinstance(holder, dict) and type(holder.get("pid")) is int and holder["pid"] > 0 and isinstance(holder.get("host"), str)
             and type(holder.get("started_unix", 0)) in (int, float)):
