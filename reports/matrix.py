@@ -7,6 +7,7 @@ machines become different columns.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections import Counter, defaultdict
 
 from kvconform.reference.errors import InputError
@@ -57,8 +58,11 @@ class Cell:
 
     @property
     def anchor(self) -> str:
-        safe = "".join(c if c.isalnum() else "-" for c in f"{self.row}--{self.column}")
-        return f"cell-{safe}"
+        """The HTML id of this cell's details: readable, and unique per (row, column) — the
+        readable part folds characters (``a.b`` and ``a-b`` read alike), the hash does not."""
+        safe = "".join(c if c.isascii() and c.isalnum() else "-" for c in f"{self.row}--{self.column}")
+        digest = hashlib.sha256(f"{self.row}\0{self.column}".encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        return f"cell-{safe}-{digest}"
 
 
 @dataclasses.dataclass
