@@ -156,6 +156,7 @@ def parse(path: str) -> Entries:
     return parse_text(read_text(path, "expectations file (UTF-8 text, one entry per line)", ExpectationsError, SIZE_LIMIT), path)
 
 
+
 def parse_text(text: str, path: str) -> Entries:
     with _no_gc():  # 150k entries: the cyclic collector would rescan them all again and again
         return _parse_text(text, path)

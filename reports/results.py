@@ -31,10 +31,11 @@ def package_version(name: str) -> str | None:
 READ_LIMIT = 1 << 30  # bytes of one input file read at most: 1 GiB (a results file of many backends is tens of MiB)
 
 
-def read_text(path: str, what: str, error: type[Exception], limit: int = READ_LIMIT) -> str:
+def read_text(path: str, what: str, error: type[Exception], limit: int | None = None) -> str:
     """The UTF-8 text of a regular file of at most ``limit`` bytes, or ``error`` naming the file
     and what it should have been: a device, FIFO or directory is never read (``/dev/zero`` would
-    never end), nor a file past the limit."""
+    never end), nor a file past the limit (default :data:`READ_LIMIT`)."""
+    limit = READ_LIMIT if limit is None else limit
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO opened so does not wait for a writer
         with open(fd, "rb") as fh:

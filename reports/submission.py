@@ -281,13 +281,23 @@ def _must_pass_problems(document: dict, bundled: list[str], must_pass: list[str]
 
 
 def _derived_problems(readable: dict, document: dict) -> list[str]:
-    """The files derived from the results must say what the results say."""
+    """The files derived from the results must say what the results say (COVERAGE.md rendered
+    again from them, with the manifest's command)."""
     environment = document["environment"]
     expected = {
         "capabilities.json": {name: facts.get("declared") for name, facts in environment["backends"].items()},
         "coverage.json": json.loads(_dump(coverage_data(C.build([document])))),
     }
     problems = [f"{name} does not match results.json" for name, data in expected.items() if name in readable and readable[name] != data]
+    command = readable["manifest.json"].get("command")
+    line = command.get("line") if isinstance(command, dict) else None
+    if not isinstance(line, str):
+        problems.append("manifest.json: command has no line (the command the certified run ran)")
+    elif "COVERAGE.md" in readable and readable["COVERAGE.md"] != C.render_markdown(C.build([document]), how=f"A certified run ({line})."):
+        problems.append("COVERAGE.md does not match results.json")
+    machine = readable.get("environment.json")
+    if machine is not None and (not isinstance(machine, dict) or any(machine.get(k) != v for k, v in environment.items())):
+        problems.append("environment.json does not match the environment in results.json")
     digests = readable.get("digests.json")
     if digests is not None and (digests.get("schema") != DIGEST_SCHEMA or digests.get("entries") != json.loads(_dump(digest_entries(document)))):
         problems.append("digests.json does not match the digests in results.json")
