@@ -180,3 +180,13 @@ def test_a_13_mb_expectations_file_of_150k_entries_against_27_tests_is_matched_i
         E.update(open(path).read(), entries, records, entries)
     """)
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)  # ~4 s on a loaded 2-core machine
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(st.text("ab*?[.", max_size=8), st.text("ab[.", max_size=10))
+def test_a_pattern_matches_exactly_what_its_regular_expression_would(pattern, text):
+    """The backtracking-free glob agrees with ``*`` = ``.*``, ``?`` = ``.``, the rest literal."""
+    import re
+
+    regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern) + r"\Z"
+    assert expectations.Glob(pattern).matches(text) == (re.match(regex, text, re.DOTALL) is not None)
