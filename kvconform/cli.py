@@ -4,7 +4,7 @@
     kvconform report html|merge|matrix …                                      (results JSON → reports)
     kvconform coverage [RUN.json …] [-o FILE]                                 (the coverage table; no runs: the built-ins')
     kvconform certify --backend a[,b] [--out DIR] [-- PYTEST ARGS]            (a certified run and its submission bundle)
-    kvconform verify-submission BUNDLE                                        (re-check a submission bundle)
+    kvconform verify-submission BUNDLE [--rerun N]                            (re-check a submission bundle; rerun N of its tests here)
     kvconform compat PRODUCER.json CONSUMER.json                              (KV-connector handshake check)
     kvconform describe --backend NAME [--layout L] [--tp-size N] … [-o F]     (a backend's layout descriptors)
     kvconform backends [--all]                                                (the names --backend accepts)
@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     listing.add_argument("--all", action="store_true", help="also the seeded-fault backends (mutant:NAME, fault:NAME) kvconform tests itself with")
     verify = sub.add_parser("verify-submission", help="re-check a submission bundle against this kvconform's must-pass list")
     verify.add_argument("bundle")
+    verify.add_argument("--rerun", type=int, default=0, metavar="N",
+                        help="also run N randomly chosen recorded tests on this machine (recorded seed, backend, options) and compare outcomes")
     args = parser.parse_args(argv)
     if args.command == "report":
         return report_cli.run(args)
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "certify":
         return certify_run(args.backend, args.out, args.workers, _after_dashes(args.pytest_args))
     if args.command == "verify-submission":
-        return verify_submission(args.bundle)
+        return verify_submission(args.bundle, args.rerun)
     if args.command == "compat":
         return compat.run(args)
     if args.command == "backends":
@@ -125,20 +127,38 @@ def certify_run(backend: str, out: str, workers: str, extra: list[str]) -> int:
     return status if status else verify_submission(out)
 
 
-def verify_submission(bundle: str) -> int:
+def verify_submission(bundle: str, rerun: int = 0) -> int:
+    """Re-check a bundle against this suite version: its files, what this suite collects for
+    its backends (recomputed here), and with ``rerun`` N of its tests executed here again."""
     import os
 
+    from kvconform import receiver
     from kvconform.conformance.plugin.collection import must_pass
     from kvconform.reports import submission
+    from kvconform.reports.terminal import printable
 
-    problems = submission.verify(bundle, must_pass())
+    if rerun < 0:
+        print(f"kvconform verify-submission: --rerun {rerun}: expected a count of tests (0 or more)", file=sys.stderr)
+        return 2
+    problems = submission.verify(bundle, must_pass(), collect=receiver.collect)
+    lines = []
+    if not problems and rerun:
+        document = json.loads(open(os.path.join(bundle, "results.json"), encoding="utf-8").read())
+        collected = receiver.collect(sorted(document["environment"]["backends"]), document["environment"]["standard"])
+        try:
+            lines, problems = receiver.rerun(bundle, document, rerun, collected)
+        except receiver.ReceiverError as exc:
+            problems = [f"--rerun: {exc}"]
+    for line in lines:
+        print(printable(f"  {line}"))
     if problems:
-        print(f"kvconform: REFUSED {bundle}: {len(problems)} problems")
+        print(printable(f"kvconform: REFUSED {bundle}: {len(problems)} problems"))
         for problem in problems:
-            print(f"  {problem}")
+            print(printable(f"  {problem}"))
         return 1
     checksum = submission.sha256_file(os.path.join(bundle, submission.SUMS))
-    print(f"kvconform: ACCEPTED {bundle} (sha256 of {submission.SUMS} {checksum})")
+    reran = f"; {len(lines)} recorded tests rerun here agree" if lines else ""
+    print(printable(f"kvconform: ACCEPTED {bundle} (sha256 of {submission.SUMS} {checksum}{reran})"))
     return 0
 
 

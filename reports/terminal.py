@@ -3,7 +3,8 @@ backends: one row per backend (``backend@platform``), one short cell per check f
 one line per check that did not pass, naming the check and the backends it did not pass on.
 
 Every backend, check and message string is data: it is put into rich ``Text`` objects, never
-parsed as markup, so ``evil[/]`` prints as itself.
+parsed as markup, so ``evil[/]`` prints as itself; and every string of the documents is made
+:func:`printable` first, so an ESC sequence in a results file never reaches the terminal.
 """
 
 from __future__ import annotations
@@ -37,6 +38,26 @@ LEGEND = ("ok all passed · n/a not applicable · the worst outcome, counted: 3F
 NOT_PASSED = ("crashed", "timeout", "error", "failed", "unexpected-pass", "expected-failure", "skipped")
 SHORT_FAMILY = {"equivalence": "equiv", "connector": "conn"}
 MIN_NAME = 20
+# What a terminal would act on: C0 controls but tab and newline, DEL, C1 controls, and the
+# bidirectional overrides that reorder what a reader sees ("Trojan source").
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character written as an escape (ESC as ``\\x1b``): what a
+    results or expectations field may carry, shown as itself, never acted on by the terminal."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}", text)
+
+
+def _printable_data(value):
+    """A copy of a document in which every string (keys too) is :func:`printable`; unchanged parts are shared."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {_printable_data(k): _printable_data(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable_data(v) for v in value]
+    return value
 
 
 def cell_text(cell: Cell | None) -> tuple[str, str]:
@@ -165,6 +186,7 @@ def _verdict_line(documents: list[dict]) -> Text:
 def render(documents: list[dict], *, color: bool, width: int | None = None) -> str:
     """The report for one run, or several side by side; ``width`` defaults to the terminal's."""
     width = width or shutil.get_terminal_size((80, 24)).columns
+    documents = [_printable_data(document) for document in documents]
     matrix = build(documents)
     out = io.StringIO()
     console = Console(file=out, force_terminal=color, no_color=not color, width=width, highlight=False, emoji=False)

@@ -24,7 +24,6 @@ from hypothesis import reject
 
 from kvconform.backends_under_test.contract import OpUnavailable
 
-from .facts import common_who
 
 
 def unavailable_text(exc: OpUnavailable) -> str:

@@ -190,6 +190,7 @@ def peers(request):
 
 
 # ----------------------------------------------------------------------------- 4. running
+@pytest.hookimpl(tryfirst=True)  # before pytest sets up the fixtures: a case planned not applicable builds nothing
 def pytest_runtest_setup(item):
     planned = item.stash.get(collection.PLANNED, None)
     if planned is not None and (planned.reason or planned.skip):  # verdict.decide reads why from the plan

@@ -148,25 +148,19 @@ def _bf16():
     return torch.bfloat16
 
 
-def _check_outputs(config, opts: options.RunOptions) -> None:
-    """Every output path writable (outputs.py) and the expectations update unambiguous, before any test runs."""
-    from kvconform.reports import expectations
-
-    from .outputs import OutputError, check_writable
-
+def outputs_and_inputs(opts: options.RunOptions, junit_path: str | None) -> tuple[dict, dict]:
+    """(option -> path) of every file a run writes, and of every file it reads (outputs.check_outputs)."""
     html = opts.html_path or os.path.splitext(opts.json_path)[0] + ".html"
-    paths = [("--kvc-json", opts.json_path), ("--kvc-html", html), ("--kvc-update-expectations", opts.update_expectations),
-             ("--kvc-export-digests", opts.export_digests), ("--junitxml", getattr(config.option, "xmlpath", None))]
-    for option, path in paths:
-        if path:
-            check_writable(option, path)
-    target = opts.update_expectations
-    if target and os.path.exists(target):
-        if opts.expectations and not (os.path.exists(opts.expectations) and os.path.samefile(target, opts.expectations)):
-            raise OutputError(f"--kvc-update-expectations {target}: exists and is not the --kvc-expectations file "
-                              f"{opts.expectations}; which entries to keep would be ambiguous. Pass the same file to update "
-                              "it in place, or a path that does not exist yet")
-        expectations.parse(target)  # a file kvconform cannot read is never rewritten
+    return ({"--kvc-json": opts.json_path, "--kvc-html": html, "--junitxml": junit_path, "--kvc-update-expectations": opts.update_expectations,
+             "--kvc-export-digests": opts.export_digests, "--kvc-certify": opts.certify},
+            {"--kvc-expectations": opts.expectations, "--kvc-compare-digests": opts.compare_digests})
+
+
+def _check_outputs(config, opts: options.RunOptions) -> None:
+    """Every output writable, none destroying an input or another output, before any test runs."""
+    from .outputs import check_outputs
+
+    check_outputs(*outputs_and_inputs(opts, getattr(config.option, "xmlpath", None)))
 
 
 def _load_backends(names: tuple[str, ...]) -> tuple[dict, dict]:
