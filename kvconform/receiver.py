@@ -23,8 +23,7 @@ import random
 import subprocess
 import tempfile
 
-from kvconform.conformance.plugin.certify import suite_test_id
-from kvconform.conformance.plugin.command import suite_command
+from kvconform.conformance.plugin.collection import suite_command, suite_test_id
 from kvconform.reference.errors import InputError
 
 COMPARED = ("outcome", "result_digest")  # what a rerun must reproduce (result_digest: where the record has one)
