@@ -25,7 +25,7 @@ from kvconform import reference as R
 
 from .byte_map import block_byte_map, first_logical
 from .case import GUARD, Arena, Case
-from .diagnosis import EXAMINED, Grid, WriteInputs, diagnose, distinct_rows, grid_for
+from .diagnosis import EXAMINED, Grid, WriteInputs, diagnose, distinct_rows, grid_for, one_thread
 
 KV_NAMES = ("K", "V")
 
@@ -52,15 +52,27 @@ def _hex(data: torch.Tensor) -> str:
     return " ".join(f"{b:02x}" for b in data.tolist())
 
 
-def _places(arena: Arena, elements: list[int]) -> list[str]:
-    """Where each element of the arena (in cache-dtype units from the arena start) lies."""
+def _places(arena: Arena, elements: list[int], grid: Grid | None = None) -> list[str]:
+    """Where each element of the arena (in cache-dtype units from the arena start) lies: from
+    ``grid`` (the diagnosis' offset map) where it maps the element, else ``R.coordinates_of``."""
     spec = arena.spec
     e = spec.geometry.element_size
     span = spec.layout.numel(spec.geometry)
     inner = [element - GUARD // e for element in elements]
-    coords = iter(R.coordinates_of(spec.layout, spec.geometry, [i for i in inner if 0 <= i < span]))
-    return [f"guard before cache ({-i * e} bytes before)" if i < 0 else
-            f"guard after cache (+{(i - span) * e} bytes past the end)" if i >= span else describe(next(coords)) for i in inner]
+    mapped = grid.index_of(torch.tensor(inner, dtype=torch.int64)).tolist() if grid is not None and inner else [-1] * len(inner)
+    lookup = [i for i, index in zip(inner, mapped) if 0 <= i < span and index < 0]
+    coords = iter(R.coordinates_of(spec.layout, spec.geometry, lookup)) if lookup else iter(())
+    places = []
+    for i, index in zip(inner, mapped):
+        if i < 0:
+            places.append(f"guard before cache ({-i * e} bytes before)")
+        elif i >= span:
+            places.append(f"guard after cache (+{(i - span) * e} bytes past the end)")
+        elif index >= 0:
+            places.append(describe(dict(zip(R.LOGICAL_DIMS, grid.coords(torch.tensor([index]))[0].tolist()))))
+        else:
+            places.append(describe(next(coords)))
+    return places
 
 
 def assert_bytes_equal(prop: str, case: Case, expected: Arena, actual: Arena, note: str = "", *, pages=None,
@@ -86,6 +98,14 @@ def assert_bytes_equal(prop: str, case: Case, expected: Arena, actual: Arena, no
     differs = differs[~_both_nan_codes(want, got, differs, actual.spec)]  # FP8-NAN: any NaN code will do
     if differs.numel() == 0:
         return
+    with one_thread():  # a failure's report: small tensors, many calls (diagnosis.one_thread)
+        lines, details = _failure_report(prop, expected, actual, want, got, differs, note, initial, writes, zero_fill)
+    raise ConformanceFailure("\n".join(lines + _footer(case, actual)), details)
+
+
+def _failure_report(prop, expected, actual, want, got, differs, note, initial, writes, zero_fill) -> tuple[list[str], dict]:
+    """The message lines (findings first, then the first element of each differing row) and details."""
+    e = actual.spec.geometry.element_size
     grid = grid_for(actual.spec, GUARD, differs)
     findings = diagnose(actual.spec, want, got, differs, guard=GUARD, grid=grid, writes=writes, zero_fill=zero_fill,
                         initial=initial.buffer.detach().cpu() if initial is not None else None)
@@ -100,7 +120,7 @@ def assert_bytes_equal(prop: str, case: Case, expected: Arena, actual: Arena, no
         lines.append(f"    … {len(findings) - len(_in_message(findings))} more findings (the results' failure.diagnosis lists them)")
     lines.append(f"  first differing elements ({rows}; the first of each row first):")
     mismatches = []
-    for element, where in zip(shown, _places(actual, shown)):
+    for element, where in zip(shown, _places(actual, shown, grid)):
         span = slice(element * e, (element + 1) * e)
         mismatches.append({"where": where, "expected": _hex(want[span]), "actual": _hex(got[span])})
         lines.append(f"  {mismatches[-1]['where']}: expected {mismatches[-1]['expected']}, actual {mismatches[-1]['actual']}")
@@ -112,7 +132,7 @@ def assert_bytes_equal(prop: str, case: Case, expected: Arena, actual: Arena, no
         "byte_map": block_byte_map(expected, actual, *where) if where else None,
         "diagnosis": [f.as_dict() for f in findings],
     }
-    raise ConformanceFailure("\n".join(lines + _footer(case, actual)), details)
+    return lines, details
 
 
 def _in_message(findings: list) -> list:

@@ -43,6 +43,7 @@ are explained (a ``not-examined`` finding says how many were not), and caches pa
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -200,9 +201,9 @@ def grid_for(spec, guard: int, differing: torch.Tensor) -> Grid:
         return Grid(layout, g)
     first, span = guard // g.element_size, layout.numel(g)
     inside = differing[(differing >= first) & (differing < first + span)] - first
-    if inside.numel() > SAMPLED:
-        inside = inside[torch.linspace(0, inside.numel() - 1, SAMPLED).long()]
-    found = R.coordinates_of(layout, g, inside, chunk_elements=1 << 22)
+    if inside.numel() > SAMPLED:  # the first ones (the failure's rows) and some spread over the rest
+        inside = torch.unique(torch.cat([inside[:16], inside[torch.linspace(0, inside.numel() - 1, SAMPLED - 16).long()]]))
+    found = R.coordinates_of(layout, g, inside)
     blocks = {c["block"] + step for c in found if c is not None for step in (-1, 0, 1)}
     return Grid(layout, g, torch.tensor(sorted(b for b in blocks if 0 <= b < g.num_blocks), dtype=torch.int64))
 
@@ -233,8 +234,23 @@ def diagnose(spec, expected: torch.Tensor, actual: torch.Tensor, differing: torc
              grid: Grid | None = None) -> list[Finding]:
     """Findings for the differing arena elements (indices in cache-dtype units from the arena
     start, ascending). ``expected``, ``actual``, ``initial``: the uint8 arena bytes (guard + cache +
-    guard) on the CPU. ``zero_fill``: the arena reads zeros where nothing wrote (lazily mapped)."""
-    return _Diagnosis(spec, expected, actual, differing, guard, initial, writes, zero_fill, grid).findings()
+    guard) on the CPU. ``zero_fill``: the arena reads zeros where nothing wrote (lazily mapped).
+
+    Runs on one CPU thread: its tensors are small, and a busy machine's thread pool costs more
+    than it gives (searchsorted and isin ran 7-15 times slower on two loaded cores)."""
+    with one_thread():
+        return _Diagnosis(spec, expected, actual, differing, guard, initial, writes, zero_fill, grid).findings()
+
+
+@contextlib.contextmanager
+def one_thread():
+    """torch on one CPU thread for the block (small tensors; see :func:`diagnose`)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 class _Diagnosis:
@@ -255,6 +271,7 @@ class _Diagnosis:
         self.init_bits = initial.view(bits) if initial is not None else None
         self.writes, self.zero_fill = writes, zero_fill
         self.alternatives: list[str] = []
+        self.transform_masks: dict[str, torch.Tensor] = {}
 
         pos = differing[:EXAMINED].to(torch.int64)
         inner = pos - self.first
@@ -312,6 +329,7 @@ class _Diagnosis:
         self._wrong_layout()
         self._moves()
         self._extend_moves_along_rows()
+        self._drop_small_moves()
         self._input_rows()
         self._transforms()
         self._far_ends_of_moves()
@@ -420,6 +438,18 @@ class _Diagnosis:
         found[chosen] = src[same]
         self._assign_moves(chosen, found)
 
+    def _drop_small_moves(self) -> None:
+        """A move shared by fewer elements than a window holds is a coincidence of structured data
+        (fp8 edge rows repeat the same codes in K and V): those elements stay open."""
+        moved = torch.isin(self.fault, torch.tensor([_ID[m] for m in _MOVES])) & (self.kind == 1)
+        if not bool(moved.any()):
+            return
+        delta = self.grid.coords(self.source[moved]) - self.coords[moved]
+        ids = row_ids(torch.cat([self.coords[moved, :3], delta], dim=1))
+        small = torch.bincount(ids)[ids] < max(2, WINDOW // self.e)
+        drop = torch.nonzero(moved).flatten()[small]
+        self.fault[drop], self.source[drop] = -1, -1
+
     def _input_rows(self) -> None:
         """Rows that equal an input row a write must not store: a padding token's, or one past
         len(slot_mapping) (whole rows of D elements, matched exactly once)."""
@@ -459,6 +489,7 @@ class _Diagnosis:
         if not bool(todo.any()):
             return
         candidates = [(fault, mask & todo) for fault, mask in _element_transforms(self)]
+        self.transform_masks = dict(candidates)
         ranked = sorted(enumerate(candidates), key=lambda c: (-int(c[1][1].sum()), c[0]))
         group = row_ids(self.coords[:, :3])
         size = int(group.max()) + 1
@@ -495,18 +526,24 @@ def _window_keys(buffer: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tens
     """The ``WINDOW`` bytes at each start as one int64, and whether they hold at least
     ``DISTINCT`` byte values (zero pages, constant fills and padded runs prove nothing)."""
     raw = buffer[starts[:, None] + torch.arange(WINDOW)]
-    ordered = torch.sort(raw, dim=1).values
-    distinct = 1 + (ordered[:, 1:] != ordered[:, :-1]).sum(dim=1)
+    distinct = torch.ones(raw.shape[0], dtype=torch.int64)
+    for j in range(1, WINDOW):  # byte j is new if no earlier byte of the window equals it
+        distinct += (raw[:, :j] != raw[:, j:j + 1]).all(dim=1)
     return raw.contiguous().view(torch.int64).flatten(), distinct >= DISTINCT
 
 
 def _move_kind(delta: torch.Tensor, g: R.Geometry, name: str) -> torch.Tensor:
     """Which coordinate differences ``source − destination`` (``(n, 6)``) are moves of this kind."""
-    nonzero = delta != 0
+    moved = [delta[:, c] != 0 for c in range(6)]
 
     def only(*cols):
-        rest = [c for c in range(6) if c not in cols]
-        return nonzero[:, list(cols)].any(dim=1) & ~nonzero[:, rest].any(dim=1)
+        out = torch.zeros(delta.shape[0], dtype=torch.bool)
+        for c in cols:
+            out |= moved[c]
+        for c in range(6):
+            if c not in cols:
+                out &= ~moved[c]
+        return out
 
     if name == "kv-swapped":
         return only(2)
@@ -782,11 +819,14 @@ class _Report:
             return f"{other} codes where {dtype} was expected (they differ at −0, saturation and NaN)"
         if fault == "fp8-format":
             return f"{'e4m3' if dtype == 'float8_e5m2' else 'e5m2'} codes where {dtype} was expected"
-        if fault == "scale-inverted":
-            return "quantised as x·scale instead of x / scale"
-        if fault == "scale-swapped":
-            side = int(d.coords[members[0], 2])
-            return f"{KV_NAMES[side]} quantised with {('v_scale', 'k_scale')[side]} instead of {('k_scale', 'v_scale')[side]}"
+        side = int(d.coords[members[0], 2])
+        swapped = f"{KV_NAMES[side]} quantised with {('v_scale', 'k_scale')[side]} instead of {('k_scale', 'v_scale')[side]}"
+        if fault in ("scale-inverted", "scale-swapped"):
+            other = "scale-swapped" if fault == "scale-inverted" else "scale-inverted"
+            both = bool(d.transform_masks.get(other, torch.zeros(0, dtype=torch.bool))[members].all()) if other in d.transform_masks else False
+            said = "quantised as x·scale instead of x / scale" if fault == "scale-inverted" else swapped
+            also = "x·scale" if fault == "scale-swapped" else swapped
+            return said + (f" (or {also}: at these scales both give these codes)" if both else "")
         if fault == "value-scaled":
             fmt = R.fp8.fp8_format(d.g.dtype)
             ratio = R.fp8.decode_codes(d.a[members].view(torch.uint8), fmt) / R.fp8.decode_codes(d.w[members].view(torch.uint8), fmt)
