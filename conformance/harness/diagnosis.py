@@ -58,6 +58,7 @@ WINDOW = 8  # bytes of context that identify where a run of bytes came from
 DISTINCT = 4  # byte values a window needs to count as evidence (zero pages and fills do not)
 LISTED = 200  # findings returned (the rest are summed up in one not-examined finding)
 CANDIDATE_ROWS = 512  # rows compared with a write's input rows
+COMMON_MOVES = 8  # moves of a failure tried on every element left
 
 FAULTS = {
     "out-of-bounds": "a guard byte before or after the cache changed: written out of bounds",
@@ -171,7 +172,7 @@ class Grid:
         """Grid index of each element offset, -1 where no mapped element is."""
         if self.sorted.numel() == 0 or offsets.numel() == 0:
             return torch.full_like(offsets, -1)
-        pos = torch.searchsorted(self.sorted, offsets).clamp(max=self.sorted.numel() - 1)
+        pos = torch.searchsorted(self.sorted, offsets.contiguous()).clamp(max=self.sorted.numel() - 1)
         return torch.where(self.sorted[pos] == offsets, self.order[pos], -1)
 
     def coords(self, index: torch.Tensor) -> torch.Tensor:
@@ -184,7 +185,7 @@ class Grid:
 
     def index_at(self, coords: torch.Tensor) -> torch.Tensor:
         """Grid index of logical coordinates ``(n, 6)``, -1 outside the cache or the mapped blocks."""
-        at = torch.searchsorted(self.blocks, coords[:, 1]).clamp(max=self.blocks.numel() - 1)
+        at = torch.searchsorted(self.blocks, coords[:, 1].contiguous()).clamp(max=self.blocks.numel() - 1)
         local = coords.clone()
         local[:, 1] = at
         extent = torch.tensor(self.shape)
@@ -412,7 +413,9 @@ class _Diagnosis:
 
     def _extend_moves_along_rows(self) -> None:
         """A move found for part of a row (the first of its moved elements) tried on the rest of
-        that row: windows of repeated values (fp8 edge rows) prove nothing on their own."""
+        that row, then the commonest moves of this failure on every element left: windows of
+        repeated values (fp8 edge rows) or of interleaved tiles (AITER's V tile keeps no run of
+        one row's dims together) prove nothing on their own, a direct check of a known move does."""
         moved = torch.isin(self.fault, torch.tensor([_ID[m] for m in _MOVES])) & (self.kind == 1)
         todo = self.open()
         if not bool(moved.any()) or not bool(todo.any()):
@@ -424,16 +427,27 @@ class _Diagnosis:
         leader = torch.full((count,), row.numel(), dtype=torch.int64).scatter_reduce(
             0, ids[moved], position[moved], "amin")  # the first moved element of each row
         has = todo & (leader[ids] < row.numel())
-        if not bool(has.any()):
-            return
-        lead = leader[ids[has]]
-        delta = self.grid.coords(self.source[lead]) - self.coords[lead]
-        src = self.grid.index_at(self.coords[has] + delta)
+        if bool(has.any()):
+            lead = leader[ids[has]]
+            self._try_move(has, self.grid.coords(self.source[lead]) - self.coords[lead])
+        deltas = self.grid.coords(self.source[moved]) - self.coords[moved]
+        ranked = row_ids(deltas)
+        for which in torch.argsort(torch.bincount(ranked), descending=True)[:COMMON_MOVES].tolist():
+            todo = self.open()
+            if not bool(todo.any()):
+                break
+            delta = deltas[int(torch.nonzero(ranked == which)[0])]
+            self._try_move(todo, delta.expand(int(todo.sum()), 6))
+
+    def _try_move(self, mask: torch.Tensor, delta: torch.Tensor) -> None:
+        """Assign the elements of ``mask`` whose actual bytes are the expected bytes at their
+        coordinates + ``delta`` (one row of ``delta`` per element of the mask)."""
+        src = self.grid.index_at(self.coords[mask] + delta)
         ok = src >= 0
         same = torch.zeros_like(ok)
-        same[ok] = self.a[has][ok] == self.want_bits[self.grid.offsets[src[ok]] + self.first]
-        chosen = torch.zeros_like(todo)
-        chosen[torch.nonzero(has).flatten()[same]] = True
+        same[ok] = self.a[mask][ok] == self.want_bits[self.grid.offsets[src[ok]] + self.first]
+        chosen = torch.zeros_like(mask)
+        chosen[torch.nonzero(mask).flatten()[same]] = True
         found = torch.full_like(self.pos, -1)
         found[chosen] = src[same]
         self._assign_moves(chosen, found)
