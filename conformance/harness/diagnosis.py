@@ -195,18 +195,39 @@ class Grid:
 
 
 def grid_for(spec, guard: int, differing: torch.Tensor) -> Grid:
-    """The whole map of a small cache; for a large one, the map of the blocks (and their neighbours)
-    of up to ``SAMPLED`` differing elements spread over all of them (``R.coordinates_of``)."""
+    """The whole map of a small cache; for a large one, the map of the blocks (and their
+    neighbours) that hold the first ``EXAMINED`` differing elements and up to ``SAMPLED`` more
+    spread over the rest."""
     layout, g = spec.layout, spec.geometry
     if layout.numel(g) <= WHOLE_MAP:
         return Grid(layout, g)
     first, span = guard // g.element_size, layout.numel(g)
     inside = differing[(differing >= first) & (differing < first + span)] - first
-    if inside.numel() > SAMPLED:  # the first ones (the failure's rows) and some spread over the rest
-        inside = torch.unique(torch.cat([inside[:16], inside[torch.linspace(0, inside.numel() - 1, SAMPLED - 16).long()]]))
-    found = R.coordinates_of(layout, g, inside)
-    blocks = {c["block"] + step for c in found if c is not None for step in (-1, 0, 1)}
-    return Grid(layout, g, torch.tensor(sorted(b for b in blocks if 0 <= b < g.num_blocks), dtype=torch.int64))
+    if inside.numel() > EXAMINED:
+        inside = torch.cat([inside[:EXAMINED], inside[torch.linspace(EXAMINED, inside.numel() - 1, SAMPLED).long()]])
+    blocks = blocks_holding(layout, g, inside)
+    near = torch.unique(torch.cat([blocks - 1, blocks, blocks + 1]))
+    return Grid(layout, g, near[(near >= 0) & (near < g.num_blocks)])
+
+
+def blocks_holding(layout: R.Layout, g: R.Geometry, offsets: torch.Tensor) -> torch.Tensor:
+    """The blocks whose elements span each element offset. Offsets grow with every logical index
+    (as ``R.coordinates_of`` relies on), so per (layer, kv) the blocks' first elements ascend and
+    block ``b`` spans its elements (0, 0, 0) to (N−1, H−1, D−1): a bisection over
+    :meth:`Layout.offsets`, about log2(B) small evaluations instead of a scan of the map."""
+    found = [torch.empty(0, dtype=torch.int64)]
+    last = (g.block_size - 1, g.num_kv_heads - 1, g.head_size - 1)
+    for layer in range(g.num_layers):
+        for kv in (0, 1):
+            start = lambda b: layout.offsets(g, layer=layer, block=b, kv=kv)  # noqa: E731
+            lo, hi = torch.zeros_like(offsets), torch.full_like(offsets, g.num_blocks - 1)
+            while bool((lo < hi).any()):  # the last block whose first element is at or before the offset
+                mid = (lo + hi + 1) // 2
+                before = start(mid) <= offsets
+                lo, hi = torch.where(before, mid, lo), torch.where(before, hi, mid - 1)
+            end = layout.offsets(g, layer=layer, block=lo, kv=kv, slot=last[0], head=last[1], dim=last[2])
+            found.append(lo[(start(lo) <= offsets) & (offsets <= end)])
+    return torch.unique(torch.cat(found))
 
 
 def distinct_rows(grid: Grid, spec, guard: int, elements: torch.Tensor) -> torch.Tensor:
