@@ -95,4 +95,4 @@ def assert_arenas_equal(prop: str, case: Case, expected: Arena, actual: Arena, n
         assert_bytes_equal(prop, case, expected, actual, note)
         return
     pages = torch.unique(torch.cat([touched_pages(expected.buffer), touched_pages(actual.buffer)]))
-    assert_bytes_equal(prop, case, expected, actual, note, pages=pages)
+    assert_bytes_equal(prop, case, expected, actual, note, pages=pages, zero_fill=True)  # untouched pages read zeros
