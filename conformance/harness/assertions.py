@@ -111,7 +111,7 @@ def _failure_report(prop, expected, actual, want, got, differs, note, initial, w
                         initial=initial.buffer.detach().cpu() if initial is not None else None)
     shown, rows = _first_of_each_row(grid, actual.spec, differs)
     lines = [
-        f"{prop}: {differs.numel()} elements differ (cache of {actual.spec.layout.nbytes(actual.spec.geometry)} bytes "
+        f"{prop}: {differs.numel()} element{'s differ' if differs.numel() != 1 else ' differs'} (cache of {actual.spec.layout.nbytes(actual.spec.geometry)} bytes "
         f"+ {GUARD}-byte guards){' — ' + note if note else ''}",
         "  where the wrong bytes came from:",
         *(f"    {f.line()}" for f in _in_message(findings)),
