@@ -46,7 +46,8 @@ def check_outputs(outputs: dict[str, str | None], inputs: dict[str, str | None])
     """Refuse, before the first test, every output path that would destroy something or that
     kvconform could not write; raise :class:`OutputError` naming the option.
 
-    ``outputs``: option -> path of every file the run will write (``--kvc-json``, ``--kvc-html``,
+    ``outputs``: option -> path of every file the run will write (``--kvc-json``, ``--kvc-html`` —
+    when None, the default beside ``--kvc-json`` —,
     ``--junitxml``, ``--kvc-update-expectations``, ``--kvc-export-digests``) and ``--kvc-certify``
     (a directory); ``inputs``: option -> path of every file it reads (``--kvc-expectations``,
     ``--kvc-compare-digests``). A value of None or "" is an option not given.
@@ -63,6 +64,8 @@ def check_outputs(outputs: dict[str, str | None], inputs: dict[str, str | None])
     """
     outputs = {option: path for option, path in outputs.items() if path}
     inputs = {option: path for option, path in inputs.items() if path}
+    if "--kvc-json" in outputs and "--kvc-html" not in outputs:  # the HTML report goes beside the results by default
+        outputs["--kvc-html"] = os.path.splitext(outputs["--kvc-json"])[0] + ".html"
     for option, path in inputs.items():
         kind = _kind(path)
         if kind is None:
