@@ -46,11 +46,11 @@ def check_outputs(outputs: dict[str, str | None], inputs: dict[str, str | None])
     """Refuse, before the first test, every output path that would destroy something or that
     kvconform could not write; raise :class:`OutputError` naming the option.
 
-    ``outputs``: option -> path of every file the run will write (``--kvc-json``, ``--kvc-html`` —
-    when None, the default beside ``--kvc-json`` —,
+    ``outputs``: option -> path of every file the run will write (``--kvc-json``, ``--kvc-html``,
     ``--junitxml``, ``--kvc-update-expectations``, ``--kvc-export-digests``) and ``--kvc-certify``
     (a directory); ``inputs``: option -> path of every file it reads (``--kvc-expectations``,
-    ``--kvc-compare-digests``). A value of None or "" is an option not given.
+    ``--kvc-compare-digests``). A value of None or "" is an option not given; without
+    ``--kvc-html`` the report's default path beside ``--kvc-json`` is checked.
 
     - every input is a regular file (a FIFO or ``/dev/zero`` is never read);
     - every output is a regular file or absent, and its directory writable; a character device,
