@@ -4,7 +4,8 @@
     kvconform report html|merge|matrix …                                      (results JSON → reports)
     kvconform coverage [RUN.json …] [-o FILE]                                 (the coverage table; no runs: the built-ins')
     kvconform certify --backend a[,b] [--out DIR] [-- PYTEST ARGS]            (a certified run and its submission bundle)
-    kvconform verify-submission BUNDLE [--rerun N]                            (re-check a submission bundle; rerun N of its tests here)
+    kvconform verify-submission BUNDLE [--rerun N] [--public-key PEM]         (re-check a submission bundle; rerun N of its tests here)
+    kvconform sign-submission BUNDLE --key PEM                                (a detached Ed25519 signature over SHA256SUMS; kvconform[sign])
     kvconform compat PRODUCER.json CONSUMER.json                              (KV-connector handshake check)
     kvconform describe --backend NAME [--layout L] [--tp-size N] … [-o F]     (a backend's layout descriptors)
     kvconform backends [--all]                                                (the names --backend accepts)
@@ -54,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("bundle")
     verify.add_argument("--rerun", type=int, default=0, metavar="N",
                         help="also run N randomly chosen recorded tests on this machine (recorded seed, backend, options) and compare outcomes")
+    verify.add_argument("--public-key", metavar="PEM", help="the vendor's Ed25519 public key: the bundle's SHA256SUMS.sig must verify with it")
+    signer = sub.add_parser("sign-submission", help="sign a submission bundle (detached Ed25519 signature over SHA256SUMS; needs kvconform[sign])")
+    signer.add_argument("bundle")
+    signer.add_argument("--key", required=True, metavar="PEM", help="Ed25519 private key (openssl genpkey -algorithm ed25519)")
     args = parser.parse_args(argv)
     if args.command == "report":
         return report_cli.run(args)
@@ -62,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "certify":
         return certify_run(args.backend, args.out, args.workers, _after_dashes(args.pytest_args))
     if args.command == "verify-submission":
-        return verify_submission(args.bundle, args.rerun)
+        return verify_submission(args.bundle, args.rerun, args.public_key)
+    if args.command == "sign-submission":
+        return sign_submission(args.bundle, args.key)
     if args.command == "compat":
         return compat.run(args)
     if args.command == "backends":
@@ -127,9 +134,22 @@ def certify_run(backend: str, out: str, workers: str, extra: list[str]) -> int:
     return status if status else verify_submission(out)
 
 
-def verify_submission(bundle: str, rerun: int = 0) -> int:
+def sign_submission(bundle: str, key: str) -> int:
+    from kvconform import signing
+
+    try:
+        path = signing.sign(bundle, key)
+    except signing.SigningError as exc:
+        print(f"kvconform sign-submission: {exc}", file=sys.stderr)
+        return 2
+    print(f"kvconform: signed {bundle} ({path})")
+    return 0
+
+
+def verify_submission(bundle: str, rerun: int = 0, public_key: str | None = None) -> int:
     """Re-check a bundle against this suite version: its files, what this suite collects for
-    its backends (recomputed here), and with ``rerun`` N of its tests executed here again."""
+    its backends (recomputed here), with ``rerun`` N of its tests executed here again, and with
+    ``public_key`` its signature."""
     import os
 
     from kvconform import receiver
@@ -141,6 +161,15 @@ def verify_submission(bundle: str, rerun: int = 0) -> int:
         print(f"kvconform verify-submission: --rerun {rerun}: expected a count of tests (0 or more)", file=sys.stderr)
         return 2
     problems = submission.verify(bundle, must_pass(), collect=receiver.collect)
+    if public_key:
+        from kvconform import signing
+
+        try:
+            problem = signing.signature_problem(bundle, public_key)
+        except signing.SigningError as exc:
+            print(f"kvconform verify-submission: --public-key: {exc}", file=sys.stderr)
+            return 2
+        problems += [problem] if problem else []
     lines = []
     if not problems and rerun:
         document = json.loads(open(os.path.join(bundle, "results.json"), encoding="utf-8").read())

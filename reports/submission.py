@@ -18,7 +18,8 @@ seed, that every collected test has a record, that every must-pass check has a r
 every backend, that every outcome is passed or not applicable by the backend's declaration,
 that no declared capability has an empty coverage cell, and that the derived files agree
 with the results. It names everything it finds missing or wrong. Checksums prove integrity,
-not authorship: a bundle is not signed.
+not authorship; an optional detached signature over SHA256SUMS (``SHA256SUMS.sig``,
+kvconform/signing.py) proves who certified the files.
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ def write_bundle(directory: str, document: dict, *, collected: list[str], must_p
     for name, text in texts.items():
         write_atomically(os.path.join(directory, name), text)
     sums = "".join(f"{sha256_file(os.path.join(directory, name))}  {name}\n" for name in sorted(texts))
+    if os.path.exists(os.path.join(directory, SIGNATURE)):  # an earlier bundle's signature signs other sums
+        os.unlink(os.path.join(directory, SIGNATURE))
     write_atomically(os.path.join(directory, SUMS), sums)
     return sha256_file(os.path.join(directory, SUMS))
 

@@ -205,3 +205,33 @@ def test_a_fuzzed_bundle_is_refused_with_problems_never_a_traceback(bundle):
             assert problems or content == (bundle / name).read_bytes()
 
     check()
+
+
+def test_a_signed_bundle_verifies_with_the_vendors_key_and_only_with_it(bundle, tmp_path, capsys):
+    pytest.importorskip("cryptography", reason="signing is the optional extra kvconform[sign]")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    def key_pair(name):
+        key = ed25519.Ed25519PrivateKey.generate()
+        (tmp_path / f"{name}.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                                 serialization.NoEncryption()))
+        (tmp_path / f"{name}.pub.pem").write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                                                 serialization.PublicFormat.SubjectPublicKeyInfo))
+        return str(tmp_path / f"{name}.pem"), str(tmp_path / f"{name}.pub.pem")
+
+    vendor, vendor_public = key_pair("vendor")
+    _, other_public = key_pair("other")
+    signed = copy_of(bundle, tmp_path)
+    assert main(["verify-submission", str(signed), "--public-key", vendor_public]) == 1  # unsigned
+    assert f"signature: {signed}/{submission.SIGNATURE}: cannot read" in capsys.readouterr().out
+    assert main(["sign-submission", str(signed), "--key", vendor]) == 0
+    assert main(["verify-submission", str(signed), "--public-key", vendor_public]) == 0
+    assert main(["verify-submission", str(signed), "--public-key", other_public]) == 1
+    assert f"does not verify with {other_public}" in capsys.readouterr().out
+    (signed / "results.json").write_text((signed / "results.json").read_text() + " ")  # forged and re-summed
+    resum(signed)
+    assert main(["verify-submission", str(signed), "--public-key", vendor_public]) == 1
+    assert f"{submission.SIGNATURE} does not verify with {vendor_public}" in capsys.readouterr().out
+    assert main(["sign-submission", str(signed), "--key", vendor_public]) == 2  # a public key cannot sign
+    assert "not an unencrypted PEM private key" in capsys.readouterr().err

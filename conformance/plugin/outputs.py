@@ -52,7 +52,8 @@ def check_outputs(outputs: dict[str, str | None], inputs: dict[str, str | None])
     ``outputs``: option -> path of every file the run will write (``--kvc-json``, ``--kvc-html``,
     ``--junitxml``, ``--kvc-update-expectations``, ``--kvc-export-digests``) and ``--kvc-certify``
     (a directory); ``inputs``: option -> path of every file it reads (``--kvc-expectations``,
-    ``--kvc-compare-digests``). A value of None or "" is an option not given.
+    ``--kvc-compare-digests``). A value of None or "" is an option not given; without
+    ``--kvc-html`` the report's default path beside ``--kvc-json`` is checked.
 
     - every input is a regular file (a FIFO or ``/dev/zero`` is never read);
     - every output is a regular file or absent, and its directory writable; a character device,
@@ -66,6 +67,8 @@ def check_outputs(outputs: dict[str, str | None], inputs: dict[str, str | None])
     """
     outputs = {option: path for option, path in outputs.items() if path}
     inputs = {option: path for option, path in inputs.items() if path}
+    if "--kvc-json" in outputs and "--kvc-html" not in outputs:  # the HTML report goes beside the results by default
+        outputs["--kvc-html"] = os.path.splitext(outputs["--kvc-json"])[0] + ".html"
     for option, path in inputs.items():
         kind = _kind(path)
         if kind is None:
