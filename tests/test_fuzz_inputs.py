@@ -101,8 +101,6 @@ def test_a_malformed_expectations_file_is_refused_naming_it(data):
         expectations.update(data.decode("utf-8"), entries, [record()], entries)
 
 
-@pytest.mark.xfail(raises=KeyError, strict=False, reason="conformance/harness/digests.py entry_problem reads entry['fp8_format'] "
-                   "unguarded after validating it with .get (a digest entry without the key: KeyError); the harness is out of this change")
 @BUDGET
 @given(st.data())
 def test_a_malformed_digest_file_is_refused_naming_it(data):

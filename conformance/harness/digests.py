@@ -91,7 +91,7 @@ def entry_problem(entry) -> str | None:
     if entry.get("fp8_format") not in (None, *STORED_FP8_FORMATS):
         return f"fp8_format must be null or one of {', '.join(STORED_FP8_FORMATS)}, got {entry.get('fp8_format')!r}"
     b64 = entry.get("canonical_b64")
-    if entry["fp8_format"] and b64 is None:
+    if entry.get("fp8_format") and b64 is None:
         return "canonical_b64 is required for an fp8 entry (the conversion is checked element by element)"
     if b64 is not None:
         try:

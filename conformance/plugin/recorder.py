@@ -332,10 +332,7 @@ class ResultRecorder:
             if session.exitstatus == 0:
                 session.exitstatus = pytest.ExitCode.USAGE_ERROR
             return
-        existing_text = open(target, encoding="utf-8").read() if os.path.exists(target) else None
-        existing = expectations.parse(target) if existing_text is not None else []
-        result = expectations.update(existing_text, existing, records, self.run.expectations)
-        write_atomically(target, result.text)
+        result = expectations.update_file(target, records, self.run.expectations)  # keeps a link, the mode and line endings
         self.notes.append(("", f"kvconform: updated expectations {target}: {result.added} new failure(s) added as 'untriaged', "
                                f"{len(result.removed)} fixed entr{'y' if len(result.removed) == 1 else 'ies'} removed, "
                                f"{result.kept_failing} still failing kept, {result.kept_outside} outside this run's selection kept"))
@@ -346,7 +343,7 @@ class ResultRecorder:
     def pytest_terminal_summary(self, terminalreporter):
         if not self.written:
             return
-        from kvconform.reports.terminal import render
+        from kvconform.reports.terminal import printable, render
 
         terminalreporter.write_sep("=", "kvconform")
         width = terminalreporter.config.get_terminal_writer().fullwidth
@@ -355,10 +352,12 @@ class ResultRecorder:
             left = ", ".join(f"{name} ({why})" for name, why in self.run.left_out.items())
             terminalreporter.write_line(f"kvconform: built-in backends not in this run: {left}", yellow=True)
         for entry in self.stale_expectations:
-            terminalreporter.write_line(f"kvconform: WARNING stale expectation {entry['file']}:{entry['line']} {entry['pattern']} matches no test that ran", yellow=True)
+            terminalreporter.write_line(printable(f"kvconform: WARNING stale expectation {entry['file']}:{entry['line']} {entry['pattern']} "
+                                                  "matches no test that ran"), yellow=True)
         for record in self.records.values():
             if record.outcome == UNEXPECTED_PASS:
-                terminalreporter.write_line(f"kvconform: UNEXPECTED PASS {record.nodeid} ({record.message}) — remove it from the expectations", yellow=True)
+                terminalreporter.write_line(printable(f"kvconform: UNEXPECTED PASS {record.nodeid} ({record.message}) — remove it from the expectations"),
+                                            yellow=True)
         for style, line in self.notes:
             terminalreporter.write_line(line, **({style: True} if style else {}))
         if self.lock is not None and self.lock.taken_over is not None:
