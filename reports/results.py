@@ -10,6 +10,7 @@ documents to. Everything in this package reads the document; only the plugin wri
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -68,9 +69,19 @@ class TestRecord:
     interop: dict | None = None  # connector family: one producer row of the interop table
     examples_not_applicable: dict | None = None  # cases of this test that could not run here, counted by reason
     block_sizes: list[int] | None = None  # a fixed check run at several block sizes: those that ran
+    result_digest: str | None = None  # what a rerun elsewhere must reproduce (result_digest())
 
     def as_json(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def result_digest(fields: dict, compared_sha256: str | None) -> str:
+    """SHA-256 of what a test's result is, independent of the machine and the clock: its id,
+    outcome, what it exercised, its block sizes and golden digests, and the bytes it compared
+    with the reference (``compared_sha256``, hashed in order as the test compared them)."""
+    kept = {name: fields.get(name) for name in ("nodeid", "outcome", "exercised", "block_sizes", "digest")}
+    text = json.dumps({**kept, "compared": compared_sha256}, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(TestRecord))

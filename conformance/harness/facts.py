@@ -10,9 +10,13 @@ the plugin reads it once, when the test's verdict is made. Nothing here decides 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 from kvconform.backends_under_test.contract import CacheSpec, OpUnavailable
 from kvconform.reports.coverage import geometry_classes
+
+
+COMPARED_HASHED = 1 << 22  # bytes of one compared arena that enter the result digest
 
 
 @dataclasses.dataclass
@@ -28,6 +32,7 @@ class TestFacts:
     interop: dict | None = None  # connector: one producer row of the interop table
     examples_not_applicable: dict[str, int] = dataclasses.field(default_factory=dict)  # reason -> cases that could not run here
     block_sizes: list[int] | None = None  # a fixed check run at several block sizes: those that ran
+    compared_sha256: str | None = None  # the bytes the test compared with the reference, hashed in order (result digest)
 
     def built(self, spec: CacheSpec) -> None:
         """The test built a cache of ``spec``: one more ``exercised`` entry, and the cache its record names."""
@@ -39,6 +44,14 @@ class TestFacts:
             "sizes": geometry_classes(num_layers=g.num_layers, block_size=g.block_size, num_kv_heads=g.num_kv_heads, head_size=g.head_size),
             "values": [],  # fp8 value classes the writes put in (exercised.note_write)
         })
+
+    def compared(self, arena_bytes) -> None:
+        """The test compares these bytes (a uint8 arena) with the reference's: they enter the
+        result digest a receiver's rerun must reproduce. Arenas past COMPARED_HASHED bytes (the
+        2^31 probes) enter by size only: hashing gigabytes would cost more than the check."""
+        digest = hashlib.sha256((self.compared_sha256 or "").encode())
+        digest.update(arena_bytes.detach().cpu().numpy().tobytes() if arena_bytes.numel() <= COMPARED_HASHED else str(arena_bytes.numel()).encode())
+        self.compared_sha256 = digest.hexdigest()
 
     def count_unavailable(self, reason: str) -> None:
         self.examples_not_applicable[reason] = self.examples_not_applicable.get(reason, 0) + 1

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from kvconform.reports import expectations
-from kvconform.reports.results import NOT_APPLICABLE, SCHEMA, UNEXPECTED_PASS, TestRecord, package_version, write_atomically
+from kvconform.reports.results import NOT_APPLICABLE, SCHEMA, UNEXPECTED_PASS, TestRecord, package_version, result_digest, write_atomically
 
 from . import collection, verdict, watchdog
 from .outputs import set_aside, settle_previous
@@ -229,7 +229,10 @@ class ResultRecorder:
             self.records[test_id] = self._record({**last["record"], **crash.record_fields()})
 
     def _record(self, fields: dict) -> TestRecord:
-        return TestRecord(**fields, seed=self.run.options.seed, run_platform=self.environment.get("run_platform"))
+        fields = dict(fields)
+        compared = fields.pop("compared_sha256", None)
+        return TestRecord(**fields, seed=self.run.options.seed, run_platform=self.environment.get("run_platform"),
+                          result_digest=result_digest(fields, compared))
 
     def finish_timed_out(self, config, planned) -> None:
         """Without xdist the watchdog ends the only process: write what the run has, with this
