@@ -393,23 +393,26 @@ def test_layout_descriptor_describes_the_allocated_cache(case):
                          f"where the descriptor's layout {endpoint.layout.name} puts each element of the declared {spec.layout}")
 
 
+def physical_shape(layout: R.Layout, g: R.Geometry) -> tuple[int, ...]:
+    """The extent of each physical dim, outermost first: the shape of the cache tensor as it sits in memory."""
+    return tuple(g.extent(s.split(":")[0]) for s in layout.k_dims)
+
+
 def same_shape_layout(layout: R.Layout, g: R.Geometry) -> R.Layout | None:
-    """Another layout kvconform knows whose cache tensor has this one's shape at ``g`` (the same
-    layer grouping): at H = 2, vLLM's standard E3 spec (C = K‖V of one head) and the 2-slot spec
-    (C = every head of K or of V) are both ``[L, B, 2, N, 2·D]`` (LMCache#4467)."""
-    try:
-        shape = layout.view_shape_strides(g)[0]
-    except ValueError:
-        return None
+    """Another layout kvconform knows (the same layer grouping) whose cache has this one's
+    physical shape at ``g``: at H = 2 a packed K‖V layout and the standard one — E2 ``(B, H, N,
+    2·D)`` and E1 NHD ``(B, 2, N, H, D)``; vLLM's standard E3 spec (C = K‖V of one head) and its
+    2-slot spec (C = every head of K or of V), both ``[L, B, 2, N, 2·D]`` (LMCache#4467)."""
+    shape = physical_shape(layout, g)
     for other in R.named_layouts().values():
         if (other.k_dims, other.v_dims) == (layout.k_dims, layout.v_dims) or ("L" in other.k_dims) != ("L" in layout.k_dims):
             continue
         try:
             other.validate(g)
-            if other.view_shape_strides(g)[0] == shape:
-                return other
         except ValueError:
             continue
+        if not other.is_tiled and physical_shape(other, g) == shape:
+            return other
     return None
 
 
@@ -457,10 +460,15 @@ def handshake_peers(case, spec, local: dict) -> dict[str, dict]:
     return peers
 
 
+def head_pairs(slices) -> list[tuple[int, int, int]]:
+    """A plan's slices head by head — ``(producer rank, producer head, consumer head)`` — however it groups them into runs."""
+    return sorted((s.producer_rank, p, c) for s in slices for p, c in zip(s.producer_heads, s.consumer_heads))
+
+
 def plan_facts(verdict: compat.Verdict):
-    """What a handshake decides: compatible or not, and the plan's mode, conversions, head slices and value ratios."""
+    """What a handshake decides: compatible or not, and the plan's mode, conversions, heads and value ratios."""
     plan = verdict.plan
-    return (verdict.compatible, (plan.mode, plan.steps, plan.slices, plan.ratios) if plan else None)
+    return (verdict.compatible, (plan.mode, plan.steps, head_pairs(plan.slices), plan.ratios) if plan else None)
 
 
 def backend_handshake(case, local: dict, remote: dict, what: str) -> compat.Verdict:
