@@ -1,10 +1,13 @@
 """Check 10 — connector: what a KV connector does between engines holds on this backend's cache
 (docs/CONNECTOR.md, clauses CONN-*). The byte regions of blocks and of head slices cover exactly
-those elements; exported blocks come back bit for bit for every declared kv_cache_dtype (fp8
-NaN and −0 codes included); hetero-TP resharding gives every consumer rank exactly its heads;
-re-blocking keeps every token; a hybrid model's groups each round-trip with their own geometry;
-the layout descriptor describes the cache; the handshake accepts exactly the peers
-kvconform.compat accepts. Every model here has L = 3 layers (SPEC.md §11)."""
+those elements; exported blocks and head ranges come back bit for bit for every declared
+kv_cache_dtype (fp8 NaN and −0 codes included); a wire of another fp8 format is refused or
+converted exactly; hetero-TP resharding (multi-head slices included) gives every consumer rank
+exactly its heads; re-blocking keeps every token; a hybrid model's groups each round-trip with
+their own geometry; the layout descriptor describes the cache; the handshake accepts exactly the
+peers kvconform.compat accepts, with plans that give every consumer head its model head once for
+every rank pair (replicated heads from any holder); the interop row lands blocks through both
+sides' own ops. Every model here has L = 3 layers (SPEC.md §11)."""
 
 import dataclasses
 import json
