@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import fractions
+import functools
 import json
 import math
 from collections import Counter
@@ -199,10 +200,17 @@ def parse(d: dict, source: str = "descriptor") -> Endpoint:
 def _check_distinct_addresses(layout: Layout, g: Geometry, source: str) -> None:
     """Every element of a small cache of this layout at its own address inside the allocation
     (K and V sides of a tiled layout may not overlap)."""
-    probe = Geometry(num_blocks=2, block_size=2 * g.x, num_kv_heads=2, head_size=2 * g.x, dtype=g.dtype, num_layers=2 if "L" in layout.k_dims else 1)
-    offsets = offset_map(layout, probe).flatten()
-    if torch.unique(offsets).numel() != offsets.numel() or int(offsets.max()) >= layout.numel(probe):
+    if not _distinct_addresses(layout.k_dims, layout.v_dims, layout.block_pad, g.dtype):
         raise DescriptorError(f"{source}: dims {list(layout.k_dims)} and v_dims {list(layout.v_dims)} put two elements at one address")
+
+
+@functools.lru_cache(maxsize=4096)
+def _distinct_addresses(k_dims: tuple, v_dims: tuple, block_pad: int, dtype: torch.dtype) -> bool:
+    layout = Layout(era="DESC", alias="probe", k_dims=k_dims, v_dims=v_dims, native=tuple((s,) for s in k_dims), block_pad=block_pad)
+    x = Geometry(num_blocks=1, block_size=1, num_kv_heads=1, head_size=1, dtype=dtype).x
+    probe = Geometry(num_blocks=2, block_size=2 * x, num_kv_heads=2, head_size=2 * x, dtype=dtype, num_layers=2 if "L" in k_dims else 1)
+    offsets = offset_map(layout, probe).flatten()
+    return torch.unique(offsets).numel() == offsets.numel() and int(offsets.max()) < layout.numel(probe)
 
 
 def _check_strides(d, layout, g, side, dims, key, source):

@@ -11,7 +11,7 @@ consumer's own ops too (its regions, its ``import_blocks``) where it declares th
 *identical*, *converted* (how), *incompatible* (why), *n/a* (a side does not declare what the
 scenario needs) or *fails* (naming what was wrong — a region covered twice, an op that raised).
 The endpoint's row is its cells as producer; ``received`` are its cells as consumer of every
-reference endpoint (its own import and regions at work).
+endpoint of the reference backend (its own import and regions at work).
 """
 
 from __future__ import annotations
@@ -204,8 +204,13 @@ def reference_producer_side(endpoint: Endpoint, scenario: Scenario, seed: int, d
     return producer_side(endpoint, scenario, seed, device)
 
 
+RECEIVED_FROM = "reference"  # its NHD, HND and shuffled-tile endpoints: regions, layout conversion, re-blocking, TP splits, e4m3fn
+
+
 def reference_endpoints() -> list[Endpoint]:
-    return [Endpoint(b, layout) for b in map(_reference_peer, REFERENCE_PEERS) for layout in b.capabilities.layouts]
+    """The producers of the ``received`` cells: the reference backend's endpoints."""
+    backend = _reference_peer(RECEIVED_FROM)
+    return [Endpoint(backend, layout) for layout in backend.capabilities.layouts]
 
 
 def producer_side(endpoint: Endpoint, scenario: Scenario, seed: int, device: str = "cpu"):
@@ -289,8 +294,8 @@ def execute_row(producer: Endpoint, producer_ranks, consumer: Endpoint, consumer
 
 
 def received(consumer: Endpoint, seed: int, device: str = "cpu") -> list[dict]:
-    """The endpoint as consumer of every reference endpoint, in every scenario (its own import
-    and regions at work): ``[{"producer", "producer_platform", "scenario", "outcome", "detail"}]``."""
+    """The endpoint as consumer of every endpoint of the reference backend, in every scenario
+    (its own import and regions at work): ``[{"producer", "producer_platform", "scenario", "outcome", "detail"}]``."""
     cells = []
     for scenario in SCENARIOS:
         for producer in reference_endpoints():
