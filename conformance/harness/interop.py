@@ -244,6 +244,16 @@ def own_regions(endpoint: Endpoint, rank: Rank, blocks, heads, side: str) -> lis
     return [(o + origin, n) for o, n in sorted(regions)]
 
 
+def ship_regions(producer: Endpoint, p_rank: Rank, p_blocks, consumer: Endpoint, c_rank: Rank, c_blocks, s) -> None:
+    """One slice region to region: the producer's regions of it into the consumer's, as one stream."""
+    src = own_regions(producer, p_rank, p_blocks, s.producer_heads, "producer")
+    dst = own_regions(consumer, c_rank, c_blocks, s.consumer_heads, "consumer")
+    sent, room = sum(n for _, n in src), sum(n for _, n in dst)
+    if sent != room:
+        raise Unshippable(f"the producer's regions hold {sent} bytes, the consumer's {room}")
+    R.connector.copy_between_regions(p_rank.buffer, src, c_rank.buffer, dst)
+
+
 def execute_row(producer: Endpoint, producer_ranks, consumer: Endpoint, consumer_rank: Rank, verdicts, scenario: Scenario, seed: int) -> str | None:
     """Ship every producer rank's slices into a fresh copy of the consumer rank — out through the
     producer's own ops, in through the consumer's — and compare with the consumer's reference:
@@ -259,17 +269,12 @@ def execute_row(producer: Endpoint, producer_ranks, consumer: Endpoint, consumer
     for p_rank, verdict in zip(producer_ranks, verdicts):
         plan = verdict.plan
         for s in plan.slices:
-            try:
-                if plan.mode == "regions":
-                    src = own_regions(producer, p_rank, PRODUCER_BLOCKS, s.producer_heads, "producer")
-                    dst = own_regions(consumer, target, c_blocks, s.consumer_heads, "consumer")
-                    sent, room = sum(n for _, n in src), sum(n for _, n in dst)
-                    if sent != room:
-                        raise Unshippable(f"the producer's regions hold {sent} bytes, the consumer's {room}")
-                    R.connector.copy_between_regions(p_rank.buffer, src, target.buffer, dst)
-                    continue
-            except Unshippable as exc:
-                return f"producer rank {p_rank.descriptor['tp_rank']} → heads {s.consumer_heads.start}..{s.consumer_heads.stop - 1}: {exc}"
+            if plan.mode == "regions":
+                try:
+                    ship_regions(producer, p_rank, PRODUCER_BLOCKS, consumer, target, c_blocks, s)
+                except Unshippable as exc:
+                    return f"producer rank {p_rank.descriptor['tp_rank']} → heads {s.consumer_heads.start}..{s.consumer_heads.stop - 1}: {exc}"
+                continue
             wire = producer.backend.export_blocks(p_rank.cache, p_rank.spec, PRODUCER_BLOCKS, s.producer_heads) \
                 if "wire" in producer.backend.capabilities.ops else R.connector.export_blocks(p_rank.buffer, p_rank.spec.layout, gp, PRODUCER_BLOCKS, s.producer_heads)
             wire = compat.convert_wire(wire, gc.dtype, plan.ratios)
