@@ -155,6 +155,10 @@ def test_exported_head_ranges_import_bit_for_bit(case, data):
                         f"imported into heads {into.start}..{into.stop - 1} of blocks {dst_ids}")
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def foreign_wire(g: R.Geometry, dtype: torch.dtype, num_blocks: int, values: torch.Tensor) -> R.connector.Wire:
     """A canonical wire of ``dtype`` holding ``values`` (logical bits, as a peer exports them)."""
     wg = R.connector.wire_geometry(dataclasses.replace(g, dtype=dtype), num_blocks)
@@ -190,7 +194,7 @@ def test_a_wire_of_another_dtype_is_refused_or_converted_exactly(case):
                               ("values both formats hold", values_both_hold(wire_dtype, cache_dtype, (g.num_layers, len(ids), 2, g.block_size, g.num_kv_heads, g.head_size), case.seed))):
             target = allocate_shard(case, case.layout, g, kv_cache_dtype=kv_dtype, seed_offset=300 + number)
             before = target.snapshot()
-            what = f"a {wire_dtype} wire ({label}) into blocks {ids} of a {cache_dtype} cache"
+            what = f"a {dtype_name(wire_dtype)} wire ({label}) into blocks {ids} of a {dtype_name(cache_dtype)} cache"
             for arena, layers in zip(target.arenas, target.layers):
                 wire = foreign_wire(arena.spec.geometry, wire_dtype, len(ids), values[layers.start:layers.stop])
                 try:
@@ -202,7 +206,8 @@ def test_a_wire_of_another_dtype_is_refused_or_converted_exactly(case):
                 converted, exact = R.connector.convert(values, wire_dtype, cache_dtype, 1.0)
                 if not bool(exact.all()):
                     code = int(values.flatten()[torch.nonzero(~exact.flatten())[0]])
-                    problem = (f"import_blocks took it without raising, though {wire_dtype} code 0x{code:02x} has no exact {cache_dtype} value: "
+                    problem = (f"import_blocks took it without raising, though {dtype_name(wire_dtype)} code 0x{code:02x} has no exact "
+                               f"{dtype_name(cache_dtype)} value: "
                                f"such a wire must be refused (raise, cache unchanged) or every value converted exactly")
                     raise ConformanceFailure(f"connector: {what}: {problem}\n  repro: {case.repro}",
                                              {"property": "connector", "mismatches": [{"where": what, "expected": "refused", "actual": "accepted"}]})
