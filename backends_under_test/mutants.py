@@ -948,6 +948,167 @@ class ConnectorDescriptorGuessesLayoutFromShape(Mutant):
         return super().layout_descriptor(cache, spec, **rank)
 
 
+def _naive_rank_heads(total: int, tp: int, rank: int) -> range:
+    """``[r·K/T, (r+1)·K/T)`` with integer division: right when the heads split, empty or off for replicated ranks."""
+    return range(rank * total // tp, (rank + 1) * total // tp)
+
+
+class ConnectorHandshakeSlicesIgnoreReplication(Mutant):
+    """Plans head slices with ``heads = [r·K/T, (r+1)·K/T)`` on both sides, the even-split formula
+    without vLLM's replication branch: with more TP ranks than KV heads a rank holds an empty
+    range, so some consumer ranks are sent nothing (issue #27, TP > H)."""
+
+    catches = ("connector",)
+    kills = ("test_handshake_plans_every_rank_pair_as_kvconform_compat_does",)
+
+    def handshake(self, local, remote):
+        verdict = compat.check(remote, local)
+        if not verdict.compatible:
+            return verdict
+        p, c = verdict.plan.producer, verdict.plan.consumer
+        total = c.total_kv_heads
+        mine, theirs = _naive_rank_heads(total, c.tp_size, c.tp_rank), _naive_rank_heads(total, p.tp_size, p.tp_rank)
+        slices = tuple(R.connector.HeadSlice(p.tp_rank, range(h - theirs.start, h - theirs.start + 1), range(i, i + 1))
+                       for i, h in enumerate(mine) if h in theirs)
+        return dataclasses.replace(verdict, plan=dataclasses.replace(verdict.plan, slices=slices))
+
+
+class ConnectorHandshakeIgnoresLayerGrouping(Mutant):
+    """Compares the per-layer page (block size, heads, head size, dtype, scales) and not how
+    layers are allocated: a cross-layer producer (one allocation of every layer) is taken by a
+    per-layer consumer, and the reverse, as if it were itself."""
+
+    catches = ("connector",)
+    kills = ("test_handshake_accepts_exactly_the_peers_kvconform_compat_accepts",)
+
+    def handshake(self, local, remote):
+        verdict = compat.check(remote, local)
+        return compat.check(local, local) if verdict.kind == "layers" else verdict
+
+
+class ConnectorHandshakeKScaleOnly(Mutant):
+    """Judges the fp8 hand-off by ``k_scale`` alone and applies K's value ratio to V as well: a
+    peer whose V is scaled apart from K is planned at the wrong V ratio (or refused/accepted for K's sake)."""
+
+    catches = ("connector",)
+    kills = ("test_handshake_accepts_exactly_the_peers_kvconform_compat_accepts",)
+
+    def handshake(self, local, remote):
+        if local.get("k_scale") is None or remote.get("k_scale") is None:
+            return compat.check(remote, local)
+        return compat.check({**remote, "v_scale": remote["k_scale"]}, {**local, "v_scale": local["k_scale"]})
+
+
+def _physical_shape(descriptor: dict) -> tuple[int, ...]:
+    endpoint = compat.parse(descriptor)
+    return tuple(endpoint.geometry.extent(s.split(":")[0]) for s in endpoint.layout.k_dims)
+
+
+class ConnectorHandshakeLayoutByShape(Mutant):
+    """Takes a peer whose cache tensor has its own shape for its own layout: at 2 KV heads vLLM's
+    packed K‖V E3 spec and the 2-slot spec are both ``[L, B, 2, N, 2·D]`` (LMCache#4467), and the
+    plan ships regions where the bytes sit elsewhere."""
+
+    catches = ("connector",)
+    kills = ("test_handshake_accepts_exactly_the_peers_kvconform_compat_accepts",)
+
+    def handshake(self, local, remote):
+        if local.get("dims") != remote.get("dims") and _physical_shape(local) == _physical_shape(remote):
+            same = ("dims", "strides", "v_dims", "v_strides", "block_pad", "tile", "layout", "era", "alias")
+            remote = {**remote, **{k: local.get(k) for k in same}}
+        return compat.check(remote, local)
+
+
+class ConnectorImportBytesOfAnotherDtype(Mutant):
+    """Imports a wire of another fp8 format byte for byte (the element sizes agree): an e4m3fn
+    wire lands in an e4m3fnuz cache as fnuz codes (every value halved, −0 a NaN), e5m2 in e4m3."""
+
+    catches = ("connector",)
+    kills = ("test_a_wire_of_another_dtype_is_refused_or_converted_exactly",)
+
+    def import_blocks(self, cache, spec, block_ids, wire, heads=None, num_tokens=None):
+        g = spec.geometry
+        if wire.geometry.dtype != g.dtype and wire.geometry.element_size == g.element_size:
+            wire = dataclasses.replace(wire, geometry=dataclasses.replace(wire.geometry, dtype=g.dtype))
+        super().import_blocks(cache, spec, block_ids, wire, heads, num_tokens)
+
+
+class ConnectorMultiHeadSliceHeadMajor(Mutant):
+    """Lands a slice of two or more heads on a token-major (NHD) cache head-major: the wire's
+    ``[N][h][D]`` rows read as ``[h][N][D]`` (right for one head, and for the whole rank)."""
+
+    catches = ("connector",)
+    kills = ("test_resharding_gives_every_consumer_rank_exactly_its_heads", "test_hybrid_model_groups_round_trip_each_with_its_own_geometry")
+
+    def import_blocks(self, cache, spec, block_ids, wire, heads=None, num_tokens=None):
+        if _proper_slice(heads, spec) and len(heads) >= 2 and _as_if_head_major(spec.layout) != spec.layout:
+            wire = dataclasses.replace(wire, layout=_as_if_head_major(wire.layout))
+        super().import_blocks(cache, spec, block_ids, wire, heads, num_tokens)
+
+
+class ConnectorExportHeadRangeFromFirstHead(Mutant):
+    """Exports heads ``[h0, h1)`` as the first ``h1 - h0`` heads: the slice's length is right, its
+    start offset forgotten (a pointer advanced by the block but not by ``h0``)."""
+
+    catches = ("connector",)
+    kills = ("test_exported_head_ranges_import_bit_for_bit", "test_resharding_gives_every_consumer_rank_exactly_its_heads")
+
+    def export_blocks(self, cache, spec, block_ids, heads=None):
+        if heads is not None and len(heads) and heads[0] > 0:
+            heads = range(0, len(heads))
+        return super().export_blocks(cache, spec, block_ids, heads)
+
+
+class ConnectorHybridGroupFirstBlockSize(ConnectorHybridGroupOtherHeadSize):
+    """Ships every layer group with the block size of the first cache the engine registered (one
+    ``block_len`` for all groups): a hybrid model's second group, of another block size, is
+    cut at the first group's token count per block."""
+
+    kills = ("test_hybrid_model_groups_round_trip_each_with_its_own_geometry",)
+
+    def allocate(self, buffer, spec):
+        cache = Mutant.allocate(self, buffer, spec)
+        self._registered = [(ref, n) for ref, n in self._registered if ref() is not None] + [(weakref.ref(cache), spec.geometry.block_size)]
+        return cache
+
+    def _spec(self, spec):
+        first = next((n for ref, n in self._registered if ref() is not None), spec.geometry.block_size)
+        return dataclasses.replace(spec, geometry=dataclasses.replace(spec.geometry, block_size=first))
+
+
+class ConnectorRegionsRepeatARun(Mutant):
+    """Reports the last run of every region list twice (a K/V loop that appends its final region
+    again): every byte is there, some twice — a transfer ships them twice and the byte counts of
+    the two sides disagree."""
+
+    catches = ("connector",)
+    kills = ("test_block_regions_cover_exactly_the_requested_blocks", "test_resharding_gives_every_consumer_rank_exactly_its_heads",
+             "test_blocks_shipped_to_every_peer_land_as_the_compat_plan_says")
+
+    def block_regions(self, cache, spec, block_ids, heads=None):
+        regions = super().block_regions(cache, spec, block_ids, heads)
+        return regions + regions[-1:]
+
+
+# Per block: every layer, K then V, [H][N][D] — a head-major wire form.
+HEAD_MAJOR_WIRE = R.layouts.permuted("WIRE", "head-major", (("B",), ("L",), ("2",), ("H",), ("N",), ("D",)), range(6))
+
+
+class ConnectorImportAssumesOwnWireLayout(Mutant):
+    """Declares a head-major wire form and reads every wire it receives in that form, whatever
+    the wire says: its own exports round-trip, a peer's canonical wire lands scrambled (seen only
+    as a consumer of another endpoint: the interop row's received cells)."""
+
+    catches = ("connector",)
+    kills = ("test_blocks_shipped_to_every_peer_land_as_the_compat_plan_says",)
+
+    def wire_layout(self, spec):
+        return HEAD_MAJOR_WIRE
+
+    def import_blocks(self, cache, spec, block_ids, wire, heads=None, num_tokens=None):
+        super().import_blocks(cache, spec, block_ids, dataclasses.replace(wire, layout=HEAD_MAJOR_WIRE), heads, num_tokens)
+
+
 class E5m2CacheWrittenAsE4m3(Mutant):
     """An ``fp8_e5m2`` cache written with the platform's e4m3 codes (vLLM 0.33.0's TRITON_ATTN and
     Triton flash writer view every fp8 cache as ``current_platform.fp8_dtype()``: seen on the
@@ -1020,5 +1181,15 @@ MUTANTS = {
     "connector_handshake_accepts_inexact_fnuz_scale": ConnectorHandshakeAcceptsInexactFnuzScale,
     "connector_regions_dense_plane_block_stride": ConnectorRegionsDensePlaneBlockStride,
     "connector_descriptor_guesses_layout_from_shape": ConnectorDescriptorGuessesLayoutFromShape,
+    "connector_handshake_slices_ignore_replication": ConnectorHandshakeSlicesIgnoreReplication,
+    "connector_handshake_ignores_layer_grouping": ConnectorHandshakeIgnoresLayerGrouping,
+    "connector_handshake_k_scale_only": ConnectorHandshakeKScaleOnly,
+    "connector_handshake_layout_by_shape": ConnectorHandshakeLayoutByShape,
+    "connector_import_bytes_of_another_dtype": ConnectorImportBytesOfAnotherDtype,
+    "connector_multi_head_slice_head_major": ConnectorMultiHeadSliceHeadMajor,
+    "connector_export_head_range_from_first_head": ConnectorExportHeadRangeFromFirstHead,
+    "connector_hybrid_group_first_block_size": ConnectorHybridGroupFirstBlockSize,
+    "connector_regions_repeat_a_run": ConnectorRegionsRepeatARun,
+    "connector_import_assumes_own_wire_layout": ConnectorImportAssumesOwnWireLayout,
     "fp8_e5m2_written_as_e4m3": E5m2CacheWrittenAsE4m3,
 }

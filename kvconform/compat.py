@@ -9,7 +9,8 @@ import argparse
 import sys
 
 from kvconform.reference.compat import (  # noqa: F401 - the public surface
-    SCHEMA, DescriptorError, Endpoint, Plan, Verdict, check, check_ranks, convert_wire, describe, execute, load, parse,
+    SCHEMA, DescriptorError, Endpoint, Plan, Verdict, check, check_group, check_ranks, convert_wire, describe, engine_limits, execute,
+    load, parse, value_ratio,
 )
 
 
@@ -27,9 +28,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    """Every descriptor is validated first (``load``); an unusable file exits 2 naming it."""
     try:
-        producers, consumers = load(args.producer), load(args.consumer)
-        verdicts = check_ranks(producers, consumers)
+        producers, consumers = load(args.producer, role="producer"), load(args.consumer, role="consumer")
+        verdicts = [[check(p, c) for p in producers] for c in consumers]
     except DescriptorError as exc:
         print(f"kvconform compat: {exc}", file=sys.stderr)
         return 2

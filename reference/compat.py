@@ -16,11 +16,15 @@ only the rest of the reference (and torch); a connector imports it as ``kvconfor
 from __future__ import annotations
 
 import dataclasses
+import fractions
+import functools
 import json
+import math
+from collections import Counter
 
 import torch
 
-from kvconform.reference import Geometry, Layout, bits_dtype, fp8
+from kvconform.reference import Geometry, Layout, bits_dtype, fp8, offset_map
 from kvconform.reference import connector as conn
 from kvconform.reference.errors import InputError
 
@@ -29,6 +33,14 @@ SYMBOLS = ("L", "B", "2", "N", "H", "D", "D/x", "x:d", "N/x", "x:n")
 DTYPES = {str(d).removeprefix("torch."): d for d in (torch.bfloat16, torch.float16, torch.float32, *fp8.FP8_DTYPES)}
 REQUIRED = ("schema", "dims", "strides", "dtype", "num_layers", "num_blocks", "block_size", "num_kv_heads", "head_size",
             "total_kv_heads", "tp_rank", "tp_size")
+# Bounds of the integer fields (a descriptor past them describes no cache any engine allocates,
+# and the offsets of one would leave int64): field → largest value.
+LIMITS = {"num_layers": 1 << 16, "num_blocks": 1 << 40, "block_size": 1 << 20, "num_kv_heads": 1 << 16, "head_size": 1 << 16,
+          "total_kv_heads": 1 << 16, "tp_size": 1 << 16, "tp_rank": (1 << 16) - 1, "block_pad": 1 << 32}
+MAX_CACHE_BYTES = 1 << 60
+# Each logical coordinate of an element is addressed by one symbol, or by one (outer, inner) pair
+# of a tiled dim; a side of a descriptor must spell each exactly once ("L" only with layers).
+SPELLINGS = {"block": (("B",),), "kv": (("2",),), "slot": (("N",), ("N/x", "x:n")), "head": (("H",),), "dim": (("D",), ("D/x", "x:d"))}
 
 
 class DescriptorError(InputError):
@@ -96,17 +108,49 @@ class Endpoint:
         return self.v_scale if kv else self.k_scale
 
 
-def _field(d: dict, name: str, kind, source: str):
+def _integer(d: dict, name: str, source: str, smallest: int = 1) -> int:
     value = d.get(name)
-    if kind is int and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-        raise DescriptorError(f"{source}: field {name!r} must be a non-negative integer, got {value!r}")
-    if kind is list and (not isinstance(value, list) or any(s not in SYMBOLS for s in value)):
-        raise DescriptorError(f"{source}: field {name!r} must list dimension symbols out of {list(SYMBOLS)}, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not smallest <= value <= LIMITS[name]:
+        raise DescriptorError(f"{source}: field {name!r} must be an integer in [{smallest}, {LIMITS[name]}], got {value!r}")
     return value
 
 
+def _dims(d: dict, name: str, source: str) -> tuple[str, ...]:
+    """A side's physical dims: known symbols, each logical coordinate addressed exactly once."""
+    value = d.get(name)
+    if not isinstance(value, list) or any(not isinstance(s, str) or s not in SYMBOLS for s in value):
+        raise DescriptorError(f"{source}: field {name!r} must list dimension symbols out of {list(SYMBOLS)}, got {value!r}")
+    repeated = sorted(s for s, n in Counter(value).items() if n > 1)
+    if repeated:
+        raise DescriptorError(f"{source}: field {name!r} lists {repeated} more than once: {value!r}")
+    if "2" not in value:
+        raise DescriptorError(f"{source}: field {name!r} has no K/V dimension '2' (K and V would share every address): {value!r}")
+    for coordinate, spellings in SPELLINGS.items():
+        used = [sp for sp in spellings if any(s in value for s in sp)]
+        if len(used) != 1 or not all(s in value for s in used[0]):
+            wanted = " or ".join("+".join(sp) for sp in spellings)
+            raise DescriptorError(f"{source}: field {name!r} must address the {coordinate} coordinate exactly once ({wanted}), got {value!r}")
+    return tuple(value)
+
+
+def _scale(d: dict, name: str, fp8_cache: bool, source: str) -> float:
+    value = d.get(name)
+    if not fp8_cache:
+        if value is not None:
+            raise DescriptorError(f"{source}: {name} is for fp8 caches; a {d['dtype']} cache has none (null), got {value!r}")
+        return 1.0
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not (math.isfinite(value) and value > 0):
+        raise DescriptorError(f"{source}: an fp8 cache needs a finite positive {name}, got {value!r}")
+    return float(value)
+
+
 def parse(d: dict, source: str = "descriptor") -> Endpoint:
-    """Validate a descriptor and build its reference layout; DescriptorError names what is wrong."""
+    """Validate a descriptor and build its reference layout; DescriptorError names what is wrong.
+
+    Schema: the fields of docs/CONNECTOR.md, integers positive and bounded (``LIMITS``), every
+    side's dims addressing each logical coordinate exactly once (one K/V dimension ``2``), dense
+    strides, K and V elements at distinct addresses, finite positive scales on fp8 caches (null
+    on others), and ``num_kv_heads`` what the rank holds of ``total_kv_heads``."""
     if not isinstance(d, dict):
         raise DescriptorError(f"{source}: a descriptor is a JSON object, got {type(d).__name__}")
     if d.get("schema") != SCHEMA:
@@ -114,44 +158,65 @@ def parse(d: dict, source: str = "descriptor") -> Endpoint:
     missing = [f for f in REQUIRED if f not in d]
     if missing:
         raise DescriptorError(f"{source}: missing field(s) {', '.join(missing)}")
-    if d["dtype"] not in DTYPES:
+    if not isinstance(d["dtype"], str) or d["dtype"] not in DTYPES:
         raise DescriptorError(f"{source}: dtype {d['dtype']!r} is not one of {sorted(DTYPES)}")
     dtype = DTYPES[d["dtype"]]
     if (d.get("fp8_format") or None) != (d["dtype"] if dtype in fp8.FP8_DTYPES else None):
         raise DescriptorError(f"{source}: fp8_format {d.get('fp8_format')!r} does not match dtype {d['dtype']!r}")
-    ints = {f: _field(d, f, int, source) for f in ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_size", "total_kv_heads", "tp_rank", "tp_size", "block_pad") if f in d}
-    k_dims = tuple(_field(d, "dims", list, source))
-    v_dims = tuple(_field(d, "v_dims", list, source)) if d.get("v_dims") else k_dims
+    ints = {f: _integer(d, f, source) for f in ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_size", "total_kv_heads", "tp_size")}
+    ints["tp_rank"] = _integer(d, "tp_rank", source, smallest=0)
+    ints["block_pad"] = _integer(d, "block_pad", source, smallest=0) if d.get("block_pad") is not None else 0
+    if ints["tp_rank"] >= ints["tp_size"]:
+        raise DescriptorError(f"{source}: tp_rank {ints['tp_rank']} is not a rank of tp_size {ints['tp_size']}")
+    k_dims = _dims(d, "dims", source)
+    v_dims = _dims(d, "v_dims", source) if d.get("v_dims") is not None else k_dims
+    if ("L" in k_dims) != ("L" in v_dims):
+        raise DescriptorError(f"{source}: dims {list(k_dims)} and v_dims {list(v_dims)} disagree on the layer dimension")
     try:
         g = Geometry(num_blocks=ints["num_blocks"], block_size=ints["block_size"], num_kv_heads=ints["num_kv_heads"],
                      head_size=ints["head_size"], dtype=dtype, num_layers=ints["num_layers"])
         layout = Layout(era=str(d.get("era") or "DESC"), alias=str(d.get("alias") or "descriptor"), k_dims=k_dims, v_dims=v_dims,
-                        native=tuple((s,) for s in k_dims), block_pad=ints.get("block_pad", 0))
+                        native=tuple((s,) for s in k_dims), block_pad=ints["block_pad"])
         layout.validate(g)
         heads = conn.rank_heads(ints["total_kv_heads"], ints["tp_size"], ints["tp_rank"])
     except ValueError as exc:
         raise DescriptorError(f"{source}: {exc}") from exc
+    if layout.nbytes(g) > MAX_CACHE_BYTES:
+        raise DescriptorError(f"{source}: the cache would span {layout.nbytes(g)} bytes, past the {MAX_CACHE_BYTES} a descriptor may describe")
     for side, dims, key in ((0, k_dims, "strides"), (1, v_dims, "v_strides")):
-        if side and not d.get("v_dims"):
+        if side and d.get("v_dims") is None:
             continue
         _check_strides(d, layout, g, side, dims, key, source)
+    _check_distinct_addresses(layout, g, source)
     if len(heads) != g.num_kv_heads:
         raise DescriptorError(f"{source}: tp_rank {ints['tp_rank']} of {ints['tp_size']} holds {len(heads)} of the "
                               f"{ints['total_kv_heads']} KV heads, but num_kv_heads is {g.num_kv_heads}")
-    scales = []
-    for name in ("k_scale", "v_scale"):
-        value = d.get(name)
-        if dtype in fp8.FP8_DTYPES and (not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0):
-            raise DescriptorError(f"{source}: an fp8 cache needs a positive {name}, got {value!r}")
-        scales.append(float(value) if dtype in fp8.FP8_DTYPES else 1.0)
+    is_fp8 = dtype in fp8.FP8_DTYPES
+    scales = [_scale(d, name, is_fp8, source) for name in ("k_scale", "v_scale")]
     label = d.get("label") or " ".join(str(x) for x in (d.get("backend"), d.get("layout") or layout.name) if x)
-    return Endpoint(layout, g, ints["tp_rank"], ints["tp_size"], ints["total_kv_heads"], scales[0], scales[1], label)
+    return Endpoint(layout, g, ints["tp_rank"], ints["tp_size"], ints["total_kv_heads"], scales[0], scales[1], str(label))
+
+
+def _check_distinct_addresses(layout: Layout, g: Geometry, source: str) -> None:
+    """Every element of a small cache of this layout at its own address inside the allocation
+    (K and V sides of a tiled layout may not overlap)."""
+    if not _distinct_addresses(layout.k_dims, layout.v_dims, layout.block_pad, g.dtype):
+        raise DescriptorError(f"{source}: dims {list(layout.k_dims)} and v_dims {list(layout.v_dims)} put two elements at one address")
+
+
+@functools.lru_cache(maxsize=4096)
+def _distinct_addresses(k_dims: tuple, v_dims: tuple, block_pad: int, dtype: torch.dtype) -> bool:
+    layout = Layout(era="DESC", alias="probe", k_dims=k_dims, v_dims=v_dims, native=tuple((s,) for s in k_dims), block_pad=block_pad)
+    x = Geometry(num_blocks=1, block_size=1, num_kv_heads=1, head_size=1, dtype=dtype).x
+    probe = Geometry(num_blocks=2, block_size=2 * x, num_kv_heads=2, head_size=2 * x, dtype=dtype, num_layers=2 if "L" in k_dims else 1)
+    offsets = offset_map(layout, probe).flatten()
+    return torch.unique(offsets).numel() == offsets.numel() and int(offsets.max()) < layout.numel(probe)
 
 
 def _check_strides(d, layout, g, side, dims, key, source):
     given = d.get(key)
     want = layout.strides(g, side)
-    if not isinstance(given, dict) or set(given) != set(dims):
+    if not isinstance(given, dict) or set(given) != set(dims) or any(not isinstance(v, int) or isinstance(v, bool) for v in given.values()):
         raise DescriptorError(f"{source}: field {key!r} must give the element stride of each of {list(dims)}, got {given!r}")
     for symbol in dims:
         if given[symbol] != want[symbol]:
@@ -159,17 +224,43 @@ def _check_strides(d, layout, g, side, dims, key, source):
                                   f"{layout.block_pad}) put it at {want[symbol]}; kvconform descriptors describe dense layouts")
 
 
-def load(path: str) -> list[dict]:
-    """The descriptors in a file (one object, or a list of them: one per TP rank)."""
+def load(path: str, role: str | None = None) -> list[dict]:
+    """The descriptors in a file (one object, or a list of them: one per TP rank), validated.
+
+    A list holds ranks of one TP group (the same ``tp_size`` and model), each once. The
+    producer side (``role="producer"``) must describe every rank: a consumer head whose holders
+    are all missing would have no source."""
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise DescriptorError(f"{path}: not a readable descriptor file ({exc})") from exc
+    if isinstance(data, list) and not data:
+        raise DescriptorError(f"{path}: an empty list describes no rank; give one descriptor per TP rank")
     descriptors = data if isinstance(data, list) else [data]
-    for i, d in enumerate(descriptors):
-        parse(d, f"{path}[{i}]" if isinstance(data, list) else path)
+    endpoints = [parse(d, f"{path}[{i}]" if isinstance(data, list) else path) for i, d in enumerate(descriptors)]
+    check_group(endpoints, path, complete=role == "producer")
     return descriptors
+
+
+def check_group(endpoints: list[Endpoint], source: str, complete: bool) -> None:
+    """Ranks of one TP group, each once (and, when ``complete``, every rank of it)."""
+    first = endpoints[0]
+    for e in endpoints[1:]:
+        if (e.tp_size, e.total_kv_heads) != (first.tp_size, first.total_kv_heads):
+            raise DescriptorError(f"{source}: rank {e.tp_rank} is of TP {e.tp_size} over {e.total_kv_heads} KV heads, rank "
+                                  f"{first.tp_rank} of TP {first.tp_size} over {first.total_kv_heads}: one file describes one TP group")
+    ranks = Counter(e.tp_rank for e in endpoints)
+    twice = sorted(r for r, n in ranks.items() if n > 1)
+    if twice:
+        raise DescriptorError(f"{source}: rank(s) {twice} described more than once")
+    missing = [r for r in range(first.tp_size) if r not in ranks]
+    if complete and missing:
+        orphans = sorted({h for r in missing for h in conn.rank_heads(first.total_kv_heads, first.tp_size, r)} -
+                         {h for e in endpoints for h in e.heads})
+        lost = f": model heads {orphans} would have no source" if orphans else ""
+        raise DescriptorError(f"{source}: the producer is TP {first.tp_size}, but rank(s) {missing} are not described{lost}; "
+                              f"describe every producer rank (a list, one per rank)")
 
 
 # ----------------------------------------------------------------------------- verdicts
@@ -191,6 +282,7 @@ class Plan:
     steps: tuple[str, ...]  # short names of the conversions: layout, dtype, re-block
     conversions: tuple[str, ...]  # what each step does, for people
     ratios: tuple[float, float]
+    limits: tuple[str, ...] = ()  # known engines that refuse this pairing, for people
 
     @property
     def identical(self) -> bool:
@@ -208,9 +300,20 @@ class Plan:
             out.append(f"heads {p.start}..{p.stop - 1} of producer rank {self.producer.tp_rank} → heads {c.start}..{c.stop - 1} "
                        f"of consumer rank {self.consumer.tp_rank} ({self.mode}{regions})")
         if not self.slices:
-            out.append(f"producer rank {self.producer.tp_rank} holds none of consumer rank {self.consumer.tp_rank}'s heads: nothing to send")
+            out.append(self._nothing_to_send())
         out += [f"convert: {c}" for c in self.conversions]
+        out += [f"limit: {limit}" for limit in self.limits]
         return out
+
+    def _nothing_to_send(self) -> str:
+        p, c = self.producer, self.consumer
+        replicas = [h for h in c.heads if h in p.heads]
+        if not replicas:
+            return f"producer rank {p.tp_rank} holds none of consumer rank {c.tp_rank}'s heads: nothing to send"
+        sources = sorted({conn.head_source(p.total_kv_heads, p.tp_size, c.tp_size, c.tp_rank, h) for h in replicas})
+        return (f"producer rank {p.tp_rank} holds a replica of model head(s) {_heads_text(replicas)} of consumer rank {c.tp_rank}; "
+                f"the default pairing (vLLM's) takes them from producer rank(s) {', '.join(map(str, sources))}: nothing to send from this rank "
+                f"(any replica would do)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +331,11 @@ class Verdict:
             return "compatible: nothing to send"
         return "compatible: identical bytes" if self.plan.identical else f"compatible: converted ({', '.join(self.plan.steps)})"
 
+    @property
+    def limits(self) -> tuple[str, ...]:
+        """Known engines that refuse this pairing although the bytes would land exactly."""
+        return self.plan.limits if self.plan else ()
+
     def __str__(self) -> str:
         return "\n".join([self.summary] + (["  " + line for line in self.plan.lines()] if self.plan else []))
 
@@ -242,7 +350,7 @@ def check(producer: dict, consumer: dict) -> Verdict:
         return Verdict(False, f"head_size {gp.head_size} (producer) differs from {gc.head_size} (consumer): a head has no counterpart", "head_size")
     if p.total_kv_heads != c.total_kv_heads:
         return Verdict(False, f"the producer's model has {p.total_kv_heads} KV heads, the consumer's {c.total_kv_heads}", "heads")
-    ratios = (p.k_scale / c.k_scale, p.v_scale / c.v_scale)
+    ratios = (value_ratio(p.k_scale, c.k_scale), value_ratio(p.v_scale, c.v_scale))
     for kv, ratio in enumerate(ratios):
         code = conn.inexact_code(gp.dtype, gc.dtype, ratio)
         if code is not None:
@@ -256,15 +364,42 @@ def check(producer: dict, consumer: dict) -> Verdict:
     if gp.block_size != gc.block_size:
         steps["re-block"] = f"re-block {gp.block_size} → {gc.block_size} tokens per block"
     mode = "wire" if steps else "regions"
-    return Verdict(True, plan=Plan(p, c, slices, mode, tuple(steps), tuple(steps.values()), ratios))
+    return Verdict(True, plan=Plan(p, c, slices, mode, tuple(steps), tuple(steps.values()), ratios, engine_limits(p, c)))
+
+
+def value_ratio(producer_scale: float, consumer_scale: float) -> float:
+    """``producer_scale / consumer_scale``: what a value is multiplied by to keep its dequantised
+    value. A quotient that is not exactly a float (0.3 / 0.1) keeps no non-zero value exactly;
+    it is returned as NaN, which :func:`kvconform.reference.connector.convert` treats so."""
+    ratio = producer_scale / consumer_scale
+    exact = fractions.Fraction(producer_scale) / fractions.Fraction(consumer_scale)
+    return ratio if math.isfinite(ratio) and fractions.Fraction(ratio) == exact else math.nan
+
+
+def engine_limits(p: Endpoint, c: Endpoint) -> tuple[str, ...]:
+    """Known engines' refusals of a TP pairing whose bytes would land exactly (vLLM 0.33.0)."""
+    P, D, K = p.tp_size, c.tp_size, p.total_kv_heads
+    if max(P, D) % min(P, D):
+        return (f"vLLM 0.33.0's connectors (NIXL, Mooncake, MoRIIO) need one TP size to divide the other; TP {P} → {D} does not",)
+    if P > D and P > K:
+        return (f"vLLM 0.33.0's NIXL connector refuses TP {P} → {D} over {K} KV heads (the producer replicates heads and "
+                f"has more ranks than the consumer: nixl/base_worker.py); Mooncake and MoRIIO read each head from its first replica, as planned",)
+    return ()
+
+
+def _heads_text(heads) -> str:
+    heads = list(heads)
+    return f"{heads[0]}..{heads[-1]}" if heads == list(range(heads[0], heads[-1] + 1)) and len(heads) > 1 else ", ".join(map(str, heads))
 
 
 def _inexact_reason(p: Endpoint, c: Endpoint, kv: int, ratio: float, code: int) -> str:
     src, dst = _dtype_name(p.geometry.dtype), _dtype_name(c.geometry.dtype)
     value = float(conn.decode_values(torch.tensor([code]).to(bits_dtype(p.geometry.dtype)), p.geometry.dtype)[0])
     scaled = fp8.FP8_DTYPES & {p.geometry.dtype, c.geometry.dtype}
-    scales = f" at {'kv'[kv]}_scale {p.scale(kv):g} → {c.scale(kv):g} (value ratio {ratio:g})" if scaled else ""
-    return f"{src} → {dst} is not exact{scales}: {src} code 0x{code:0{2 * p.geometry.element_size}x} ({value:g}) becomes {value * ratio:g}, which {dst} cannot hold"
+    shown = f"{ratio:g}" if math.isfinite(ratio) else f"{p.scale(kv)!r}/{c.scale(kv)!r}, not a float"
+    scales = f" at {'kv'[kv]}_scale {p.scale(kv):g} → {c.scale(kv):g} (value ratio {shown})" if scaled else ""
+    becomes = f"{value * ratio:g}" if math.isfinite(ratio) else f"{value:g}·{p.scale(kv)!r}/{c.scale(kv)!r}"
+    return f"{src} → {dst} is not exact{scales}: {src} code 0x{code:0{2 * p.geometry.element_size}x} ({value:g}) becomes {becomes}, which {dst} cannot hold"
 
 
 def _conversion_text(p: Endpoint, c: Endpoint, ratios) -> str:
@@ -275,7 +410,12 @@ def _conversion_text(p: Endpoint, c: Endpoint, ratios) -> str:
 
 
 def check_ranks(producers: list[dict], consumers: list[dict]) -> list[list[Verdict]]:
-    """``check`` for every (consumer rank, producer rank) pair, consumer ranks outermost."""
+    """``check`` for every (consumer rank, producer rank) pair, consumer ranks outermost. The
+    producers must be every rank of one TP group, the consumers ranks of one (DescriptorError)."""
+    for side, descriptors in (("producer", producers), ("consumer", consumers)):
+        if not descriptors:
+            raise DescriptorError(f"{side}: no descriptor given")
+        check_group([parse(d, f"{side}[{i}]") for i, d in enumerate(descriptors)], side, complete=side == "producer")
     return [[check(p, c) for p in producers] for c in consumers]
 
 

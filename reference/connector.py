@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import torch
 
@@ -58,21 +59,83 @@ class HeadSlice:
     consumer_heads: range
 
 
+def paired_rank(producer_tp: int, consumer_tp: int, consumer_rank: int) -> int:
+    """The producer rank vLLM pairs consumer rank ``d`` with first: ``⌊d·P/D⌋`` — the one rank
+    it reads from when ``D ≥ P``, the first of the ``P/D`` ranks ``d·P/D …`` it reads from when
+    ``P > D`` (``TransferTopology.handshake_target_ranks``, NIXL ``compute_tp_mapping``)."""
+    if not 0 <= consumer_rank < consumer_tp:
+        raise ValueError(f"consumer rank {consumer_rank} outside [0, {consumer_tp})")
+    return consumer_rank * producer_tp // consumer_tp
+
+
+def holders(total_heads: int, tp_size: int, head: int) -> list[int]:
+    """The TP ranks of ``tp_size`` that hold model head ``head`` (several when replicated)."""
+    return [r for r in range(tp_size) if head in rank_heads(total_heads, tp_size, r)]
+
+
+def head_source(total_heads: int, producer_tp: int, consumer_tp: int, consumer_rank: int, head: int) -> int:
+    """The producer rank the default pairing takes model head ``head`` of consumer rank ``d``
+    from: the first holder at or after :func:`paired_rank` (vLLM's choice wherever one TP size
+    divides the other: NIXL, Mooncake and MoRIIO read a replicated head from that rank), else
+    the first holder. Any other holder of a replica would do as well (CONN-HANDSHAKE)."""
+    held = holders(total_heads, producer_tp, head)
+    first = paired_rank(producer_tp, consumer_tp, consumer_rank)
+    return next((p for p in held if p >= first), held[0])
+
+
 def head_slices(total_heads: int, producer_tp: int, consumer_tp: int, consumer_rank: int) -> list[HeadSlice]:
-    """Where consumer rank ``consumer_rank`` gets each of its heads from: runs of consecutive
-    heads held by one producer rank (the lowest-numbered holder of a replicated head)."""
+    """Where consumer rank ``consumer_rank`` gets each of its heads from under the default
+    pairing (:func:`head_source`): runs of consecutive heads held by one producer rank."""
     wanted = rank_heads(total_heads, consumer_tp, consumer_rank)
-    holders = [rank_heads(total_heads, producer_tp, p) for p in range(producer_tp)]
     slices: list[HeadSlice] = []
     for local, head in enumerate(wanted):
-        p = next(p for p, held in enumerate(holders) if head in held)
-        source = head - holders[p].start
+        p = head_source(total_heads, producer_tp, consumer_tp, consumer_rank, head)
+        source = head - rank_heads(total_heads, producer_tp, p).start
         last = slices[-1] if slices else None
         if last and last.producer_rank == p and last.producer_heads.stop == source and last.consumer_heads.stop == local:
             slices[-1] = HeadSlice(p, range(last.producer_heads.start, source + 1), range(last.consumer_heads.start, local + 1))
         else:
             slices.append(HeadSlice(p, range(source, source + 1), range(local, local + 1)))
     return slices
+
+
+def slice_problems(total_heads: int, producer_tp: int, consumer_tp: int, consumer_rank: int, slices) -> list[str]:
+    """What is wrong with a consumer rank's slices from all producer ranks, one sentence each
+    (empty: every consumer head receives the right model head once, from a rank holding it).
+    Any holder of a replicated head is accepted (CONN-HANDSHAKE)."""
+    wanted = rank_heads(total_heads, consumer_tp, consumer_rank)
+    received: dict[int, list[str]] = {}
+    problems = []
+    for s in slices:
+        if not 0 <= s.producer_rank < producer_tp:
+            problems.append(f"a slice names producer rank {s.producer_rank}, outside TP {producer_tp}")
+            continue
+        held = rank_heads(total_heads, producer_tp, s.producer_rank)
+        if len(s.producer_heads) != len(s.consumer_heads):
+            problems.append(f"producer heads {_span(s.producer_heads)} of rank {s.producer_rank} are {len(s.producer_heads)}, "
+                            f"consumer heads {_span(s.consumer_heads)} {len(s.consumer_heads)}")
+            continue
+        for ph, ch in zip(s.producer_heads, s.consumer_heads):
+            if not (0 <= ph < len(held) and 0 <= ch < len(wanted)):
+                problems.append(f"producer rank {s.producer_rank} head {ph} → consumer head {ch} lies outside the ranks' "
+                                f"{len(held)} and {len(wanted)} heads")
+                continue
+            if held[ph] != wanted[ch]:
+                problems.append(f"consumer head {ch} (model head {wanted[ch]}) would receive model head {held[ph]} "
+                                f"(head {ph} of producer rank {s.producer_rank})")
+            received.setdefault(ch, []).append(f"producer rank {s.producer_rank}")
+    for ch, model_head in enumerate(wanted):
+        sources = received.get(ch, [])
+        if not sources:
+            problems.append(f"consumer head {ch} (model head {model_head}) receives nothing; holders: producer ranks "
+                            f"{holders(total_heads, producer_tp, model_head)}")
+        elif len(sources) > 1:
+            problems.append(f"consumer head {ch} (model head {model_head}) receives {len(sources)} times ({', '.join(sources)})")
+    return problems
+
+
+def _span(heads: range) -> str:
+    return f"{heads.start}..{heads.stop - 1}"
 
 
 # ----------------------------------------------------------------------------- regions
@@ -218,7 +281,7 @@ def decode_values(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def encode_values(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """fp32 values → elements of ``dtype`` (fp8: saturating, as the cache writers do), as bits."""
+    """Values (fp32 or fp64) → elements of ``dtype`` (fp8: saturating, as the cache writers do), as bits."""
     if dtype in fp8.FP8_DTYPES:
         encoded = fp8.quantize(values, 1.0, dtype)
     else:
@@ -231,15 +294,36 @@ def values_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a == b) | (torch.isnan(a) & torch.isnan(b))
 
 
+# A value ratio whose odd part has more bits than an fp32 mantissa (24), or that lies this far
+# from 1, takes every non-zero value of every cache dtype (at most 24 significant bits, 2^±149)
+# off every cache dtype: below it, ``value · ratio`` is exact in fp64 (≤ 48 significant bits).
+RATIO_ODD_BITS, RATIO_EXPONENT = 24, 700
+
+
+def ratio_is_scalable(ratio: float) -> bool:
+    """Whether ``value · ratio`` is computed exactly in fp64 for every cache value."""
+    if not (math.isfinite(ratio) and ratio > 0):
+        return False
+    numerator, _ = ratio.as_integer_ratio()
+    odd = numerator >> ((numerator & -numerator).bit_length() - 1)
+    return odd < (1 << RATIO_ODD_BITS) and abs(math.frexp(ratio)[1]) < RATIO_EXPONENT
+
+
 def convert(bits: torch.Tensor, src: torch.dtype, dst: torch.dtype, ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Re-encode ``src`` elements as ``dst`` elements of ``value · ratio`` (``ratio`` =
     source scale / destination scale keeps the dequantised value). Returns the bits and the
-    mask of elements converted exactly. The same dtype at ratio 1 is a bit copy."""
+    mask of elements converted exactly — the stored value equals ``value · ratio`` exactly
+    (computed in fp64, where it is exact: :func:`ratio_is_scalable`; any other ratio keeps no
+    non-zero value). The same dtype at ratio 1 is a bit copy."""
     if src == dst and ratio == 1.0:
         return bits.clone(), torch.ones(bits.shape, dtype=torch.bool)
-    values = decode_values(bits, src) * ratio
+    source = decode_values(bits, src).double()
+    values = source * ratio
     out = encode_values(values, dst)
-    return out, values_equal(decode_values(out, dst), values)
+    exact = values_equal(decode_values(out, dst).double(), values)
+    if not ratio_is_scalable(ratio):
+        exact &= (source == 0) | torch.isnan(source)
+    return out, exact
 
 
 def _all_codes(dtype: torch.dtype) -> torch.Tensor | None:

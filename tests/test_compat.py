@@ -4,8 +4,10 @@ whenever it says incompatible, the named reason holds and no exact plan exists b
 Plus the command line and descriptor validation."""
 
 import json
+import math
 import subprocess
 import sys
+from fractions import Fraction
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 
 from kvconform import compat
 from kvconform import reference as R
+from kvconform.reference.errors import InputError
 
 from .suite_runs import ROOT
 
@@ -203,3 +206,136 @@ def test_describe_writes_each_ranks_descriptor_for_compat(tmp_path):
     assert subprocess.run([sys.executable, "-m", "kvconform", "compat", str(mi300), str(h100)], capture_output=True, cwd=ROOT).returncode == 1
     unknown = subprocess.run([sys.executable, "-m", "kvconform", "describe", "--backend", "triton_flash", "--layout", "E3:LBHNC"], capture_output=True, text=True, cwd=ROOT)
     assert unknown.returncode == 2 and "declares no layout 'E3:LBHNC'" in unknown.stderr
+
+
+# ----------------------------------------------------------------------------- replicated heads (issue #27)
+def rank_descriptors(total: int, tp: int, **kw) -> list[dict]:
+    return [compat.describe(R.blocks_first("HND"), R.Geometry(num_blocks=2, block_size=16, num_kv_heads=len(R.connector.rank_heads(total, tp, r)),
+                                                             head_size=16, dtype=torch.bfloat16), tp_rank=r, tp_size=tp, total_kv_heads=total, **kw)
+            for r in range(tp)]
+
+
+def test_replicated_heads_pair_ranks_as_vllm_does_and_a_replica_holder_is_never_told_it_holds_none():
+    producers, consumers = rank_descriptors(1, 2), rank_descriptors(1, 2)
+    verdicts = compat.check_ranks(producers, consumers)
+    assert [[len(v.plan.slices) for v in row] for row in verdicts] == [[1, 0], [0, 1]]  # rank d reads producer rank d
+    text = str(verdicts[1][0])
+    assert "holds none" not in text and "replica of model head(s) 0 of consumer rank 1" in text and "producer rank(s) 1" in text
+    eight = compat.check_ranks(rank_descriptors(1, 8), rank_descriptors(1, 8))
+    assert [next(p for p, v in enumerate(row) if v.plan.slices) for row in eight] == list(range(8))
+    assert "holds none of consumer rank 1's heads" in str(compat.check_ranks(rank_descriptors(4, 2), rank_descriptors(4, 2))[1][0])
+
+
+def test_nixl_refusal_of_more_producer_ranks_than_heads_is_named_and_non_dividing_tp_too():
+    (row,) = compat.check_ranks(rank_descriptors(1, 2), rank_descriptors(1, 1))
+    assert all(v.compatible for v in row) and all(any("NIXL connector refuses TP 2 → 1" in limit for limit in v.limits) for v in row)
+    assert "limit: vLLM 0.33.0's NIXL" in str(row[1])
+    assert compat.check_ranks(rank_descriptors(2, 1), rank_descriptors(2, 2))[0][0].limits == ()
+    assert "need one TP size to divide the other" in compat.check_ranks(rank_descriptors(6, 3), rank_descriptors(6, 2))[0][0].limits[0]
+
+
+# ----------------------------------------------------------------------------- the descriptor schema (issue #26 item 13)
+def bad_descriptors():
+    good = fp8_rank(torch.float8_e4m3fn, 0.5)
+    no_kv = {**good, "dims": ["B", "N", "H", "D"], "strides": {"B": 2048, "N": 128, "H": 64, "D": 1}}
+    return {
+        "infinite k_scale": ({**good, "k_scale": float("inf")}, "finite positive k_scale"),
+        "NaN v_scale": ({**good, "v_scale": float("nan")}, "finite positive v_scale"),
+        "zero scale": ({**good, "k_scale": 0.0}, "finite positive k_scale"),
+        "no K/V dimension": (no_kv, "no K/V dimension"),
+        "two K/V dimensions": ({**good, "dims": ["B", "2", "2", "N", "H", "D"]}, "more than once"),
+        "dtype a list": ({**good, "dtype": ["float8_e4m3fn"]}, "dtype"),
+        "num_blocks 2**70": ({**good, "num_blocks": 2**70}, "'num_blocks' must be an integer in"),
+        "total_kv_heads 0": ({**good, "total_kv_heads": 0}, "'total_kv_heads' must be an integer in"),
+        "tp_size 0": ({**good, "tp_size": 0}, "'tp_size' must be an integer in"),
+        "tp_rank past tp_size": ({**good, "tp_rank": 1}, "is not a rank of tp_size 1"),
+        "a bool block_size": ({**good, "block_size": True}, "'block_size'"),
+        "scale on a bf16 cache": ({**compat.describe(R.blocks_first("NHD"), R.Geometry(num_blocks=2, block_size=16, num_kv_heads=2, head_size=16, dtype=torch.bfloat16)),
+                                   "k_scale": 0.5}, "is for fp8 caches"),
+        "a string stride": ({**good, "strides": {**good["strides"], "D": "1"}}, "'strides'"),
+        "no slot dimension": ({**good, "dims": ["B", "2", "H", "D"]}, "slot coordinate"),
+    }
+
+
+@pytest.mark.parametrize("name", list(bad_descriptors()))
+def test_every_descriptor_is_validated_against_the_schema(name):
+    descriptor, words = bad_descriptors()[name]
+    with pytest.raises(compat.DescriptorError, match=words.replace("(", r"\(").replace("[", r"\[")):
+        compat.parse(descriptor)
+    assert issubclass(compat.DescriptorError, InputError)
+
+
+def test_bad_files_exit_2_naming_the_file(tmp_path):
+    good = fp8_rank(torch.float8_e4m3fn, 0.5)
+    consumer = tmp_path / "consumer.json"
+    consumer.write_text(json.dumps(good))
+    two_ranks = [fp8_rank(torch.float8_e4m3fn, 0.5, tp_rank=r, tp_size=2) for r in range(2)]
+    for two in two_ranks:  # TP 2 over 4 heads, 2 per rank
+        two.update(total_kv_heads=4)
+    cases = {"empty.json": "[]", "inf.json": json.dumps({**good, "k_scale": float("inf")}), "dtype.json": json.dumps({**good, "dtype": [1]}),
+             "huge.json": json.dumps({**good, "num_blocks": 2**70}), "zero.json": json.dumps({**good, "total_kv_heads": 0}),
+             "half.json": json.dumps(two_ranks[:1]), "twice.json": json.dumps([two_ranks[0], two_ranks[0]]),
+             "binary.json": b"\xff\xfe\x00".decode("latin-1"), "deep.json": "[" * 100000}
+    for name, text in cases.items():
+        path = tmp_path / name
+        path.write_text(text, encoding="latin-1")
+        run = subprocess.run([sys.executable, "-m", "kvconform", "compat", str(path), str(consumer)], capture_output=True, text=True, cwd=ROOT)
+        assert run.returncode == 2 and str(path) in run.stderr and "Traceback" not in run.stderr, (name, run.returncode, run.stderr[-500:])
+    missing = subprocess.run([sys.executable, "-m", "kvconform", "compat", str(tmp_path / "half.json"), str(consumer)], capture_output=True, text=True, cwd=ROOT)
+    assert "rank(s) [1] are not described: model heads [2, 3] would have no source" in missing.stderr
+
+
+@pytest.mark.parametrize("args", [["--tp-size", "0"], ["--num-blocks", str(2**70)], ["--total-kv-heads", "0"], ["--k-scale", "inf"], ["--total-kv-heads", "3", "--tp-size", "2"]])
+def test_describe_exits_2_on_sizes_outside_the_schema(args):
+    run = subprocess.run([sys.executable, "-m", "kvconform", "describe", "--backend", "reference", *args], capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 2 and "kvconform describe:" in run.stderr and "Traceback" not in run.stderr, run.stderr[-500:]
+
+
+# ----------------------------------------------------------------------------- executing random compatible plans loses no value
+HOSTILE_SCALES = (0.25, 0.5, 1.0, 2.0, 3.0, 0.1, 0.3, 1e-30, 1e30, 2.0**-140, 2.0**100, 5e-324)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_executed_compatible_plans_lose_no_value(data):
+    """Random descriptors — odd scales (non-dyadic, extreme, subnormal), any dtype pair, any TP
+    split: whenever compat says compatible, executing every producer rank's plan stores in each
+    consumer element a value v_c with v_c · consumer_scale = v_p · producer_scale exactly."""
+    total = data.draw(st.sampled_from((1, 2, 4)), label="model KV heads")
+    sides = []
+    for name in ("producer", "consumer"):
+        dtype = data.draw(st.sampled_from(DTYPES), label=f"{name} dtype")
+        tp = data.draw(st.sampled_from([t for t in (1, 2, 4) if (total % t == 0 if t <= total else t % total == 0)]), label=f"{name} tp")
+        key = data.draw(st.sampled_from(["E1:NHD", "E1:HND", "E2:HND"]), label=f"{name} layout")
+        scales = [data.draw(st.sampled_from(HOSTILE_SCALES), label=f"{name} {s}_scale") for s in "kv"]
+        g = R.Geometry(num_blocks=3, block_size=16, num_kv_heads=len(R.connector.rank_heads(total, tp, 0)), head_size=16, dtype=dtype)
+        sides.append((key, g, [compat.describe(LAYOUTS[key], g, tp_rank=r, tp_size=tp, total_kv_heads=total, k_scale=scales[0], v_scale=scales[1]) for r in range(tp)]))
+    (p_key, gp, producers), (c_key, gc, consumers) = sides
+    rank = data.draw(st.integers(0, len(consumers) - 1), label="consumer rank")
+    verdicts = [compat.check(p, consumers[rank]) for p in producers]
+    if not verdicts[0].compatible:
+        return
+    c = compat.parse(consumers[rank])
+    kv = torch.randint(0, 256, (2 * 2 * gp.block_size * total * gp.head_size * gp.element_size,), dtype=torch.uint8,
+                       generator=torch.Generator().manual_seed(3)).view(R.bits_dtype(gp.dtype)).view(1, 2, 2, gp.block_size, total, gp.head_size)
+    if gp.element_size == 1:  # every code of an 8-bit type shipped
+        kv.view(-1)[:256] = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    target = torch.zeros(LAYOUTS[c_key].nbytes(gc), dtype=torch.uint8)
+    for p, verdict in enumerate(verdicts):
+        storage = torch.zeros(LAYOUTS[p_key].nbytes(gp), dtype=torch.uint8)
+        held = compat.parse(producers[p]).heads
+        R.connector.scatter(storage, LAYOUTS[p_key], gp, [0, 2], kv[:, :, :, :, held.start:held.stop])
+        compat.execute(verdict.plan, storage, [0, 2], target, [1, 0])
+    got = R.connector.gather(target, LAYOUTS[c_key], gc, [1, 0])
+    sent = kv[:, :, :, :, c.heads.start:c.heads.stop]
+    p0 = compat.parse(producers[0])
+    for kv_ in (0, 1):
+        pairs = {(int(a), int(b)) for a, b in zip(sent[:, :, kv_].flatten().tolist(), got[:, :, kv_].flatten().tolist())}
+        for a, b in pairs:
+            va = torch.tensor([a]).to(R.bits_dtype(gp.dtype)).view(gp.dtype).double().item()
+            vb = torch.tensor([b]).to(R.bits_dtype(gc.dtype)).view(gc.dtype).double().item()
+            if math.isnan(va) or math.isnan(vb) or math.isinf(va) or math.isinf(vb):
+                assert (math.isnan(va) and math.isnan(vb)) or va * p0.scale(kv_) == vb * c.scale(kv_), (a, b, verdicts[0].summary)
+                continue
+            assert Fraction(va) * Fraction(p0.scale(kv_)) == Fraction(vb) * Fraction(c.scale(kv_)), \
+                f"{'KV'[kv_]}: code 0x{a & 0xffff:x} ({va}) × {p0.scale(kv_)!r} arrived as 0x{b & 0xffff:x} ({vb}) × {c.scale(kv_)!r}: {verdicts[0].summary}"

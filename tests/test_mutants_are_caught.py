@@ -120,3 +120,10 @@ def test_same_seed_gives_identical_results(e1_results, tmp_path_factory):
     backends = ["reference", "mutant:write_padding_slots", "mutant:split_copies"]
     again = run_suite(tmp_path_factory, backends, "e1")  # alone: no state shared with the other backends of the big run
     assert again == {backend: e1_results[backend] for backend in backends}
+
+
+def test_duplicated_regions_fail_cells_that_name_the_duplication(e1_results):
+    """A region reported twice is a failure naming the duplication (issue #27), never an error of the check's own bookkeeping."""
+    records = [r for family in e1_results["mutant:connector_regions_repeat_a_run"].values() for r in family
+               if "::test_blocks_shipped_to_every_peer" in r[1] or ("::test_resharding_gives" in r[1] and "-regions]" in r[1])]
+    assert records and all(outcome == "failed" and "twice" in message for outcome, _, message in records), records

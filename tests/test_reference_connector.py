@@ -121,3 +121,26 @@ def test_a_conversion_is_exact_iff_every_code_keeps_its_value(src, dst, ratio, e
         assert bool(kept.all()) == exact
         if witness is not None:
             assert not bool(kept[witness])
+
+
+def test_slice_problems_accept_any_replica_and_name_what_is_wrong():
+    S = C.HeadSlice
+    assert C.slice_problems(1, 2, 2, 1, [S(0, range(1), range(1))]) == []  # a replica from producer rank 0 will do
+    assert C.slice_problems(1, 2, 2, 1, C.head_slices(1, 2, 2, 1)) == [] and C.head_slices(1, 2, 2, 1)[0].producer_rank == 1
+    assert C.slice_problems(4, 2, 1, 0, []) == [f"consumer head {h} (model head {h}) receives nothing; holders: producer ranks [{h // 2}]" for h in range(4)]
+    twice = C.slice_problems(1, 2, 1, 0, [S(0, range(1), range(1)), S(1, range(1), range(1))])
+    assert twice == ["consumer head 0 (model head 0) receives 2 times (producer rank 0, producer rank 1)"]
+    wrong = C.slice_problems(4, 2, 2, 1, [S(0, range(2), range(2))])
+    assert wrong[0].startswith("consumer head 0 (model head 2) would receive model head 0")
+
+
+@pytest.mark.parametrize("total, producer_tp, consumer_tp", [(1, 2, 2), (1, 8, 8), (2, 4, 8), (1, 4, 2), (2, 8, 1), (6, 3, 2)])
+def test_default_pairing_reads_the_first_holder_at_or_after_the_paired_rank(total, producer_tp, consumer_tp):
+    for rank in range(consumer_tp):
+        first = rank * producer_tp // consumer_tp
+        for s in C.head_slices(total, producer_tp, consumer_tp, rank):
+            held = C.rank_heads(total, producer_tp, s.producer_rank)
+            for h in s.producer_heads:
+                holders = [p for p in range(producer_tp) if held[h] in C.rank_heads(total, producer_tp, p)]
+                assert s.producer_rank == next((p for p in holders if p >= first), holders[0])
+        assert C.slice_problems(total, producer_tp, consumer_tp, rank, C.head_slices(total, producer_tp, consumer_tp, rank)) == []

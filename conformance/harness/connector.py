@@ -125,3 +125,22 @@ def assert_regions_cover_exactly(prop: str, case: Case, arena: Arena, regions, b
     lines += [f"  {m['where']}: expected {m['expected']}, actual {m['actual']}" for m in mismatches]
     lines += [f"  geometry {g.short()}, layout {spec.layout}", f"  repro: {case.repro}"]
     raise ConformanceFailure("\n".join(lines), {"property": prop, "differing_elements": int((extra | missing | twice).sum()), "mismatches": mismatches})
+
+
+def region_overlaps(regions) -> str | None:
+    """Why a list of byte regions is not a set of disjoint runs (a connector registering a run
+    twice ships its bytes twice and the byte counts of the two sides disagree), or None."""
+    runs = sorted((int(offset), int(length)) for offset, length in regions)
+    for (a, n), (b, m) in zip(runs, runs[1:]):
+        if b < a + n:
+            twice = min(a + n, b + m) - b
+            return f"regions ({a}, {n}) and ({b}, {m}) cover {twice} bytes twice (from byte {b})"
+    return None
+
+
+def assert_regions_disjoint(prop: str, case: Case, regions, what: str) -> None:
+    """The regions a backend reported for one transfer cover no byte twice."""
+    overlap = region_overlaps(regions)
+    if overlap:
+        raise ConformanceFailure(f"{prop}: regions {what}: {overlap}\n  repro: {case.repro}",
+                                 {"property": prop, "mismatches": [{"where": f"regions {what}", "expected": "each byte once", "actual": overlap}]})

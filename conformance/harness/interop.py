@@ -6,8 +6,12 @@ the run — and each scenario (same TP and block size, TP 1→2 and 2→1, block
 descriptors. A compatible pair is then executed: the producer's blocks, filled through its
 declared layout, go out through the producer's own connector ops (its regions or its wire form
 where it declares them) and the plan's conversions, and must land in the consumer's cache as
-the consumer's declared layout says — byte for byte. A cell is *identical*, *converted* (how),
-*incompatible* (why), *n/a* (a side does not declare what the scenario needs) or *fails*.
+the consumer's declared layout says — byte for byte. The consumer side lands them through the
+consumer's own ops too (its regions, its ``import_blocks``) where it declares them. A cell is
+*identical*, *converted* (how), *incompatible* (why), *n/a* (a side does not declare what the
+scenario needs) or *fails* (naming what was wrong — a region covered twice, an op that raised).
+The endpoint's row is its cells as producer; ``received`` are its cells as consumer of every
+endpoint of the reference backend (its own import and regions at work).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from kvconform import reference as R
 from kvconform.backends_under_test import registry
 from kvconform.backends_under_test.contract import Backend, CacheSpec
 
-from .connector import model_kv
+from .connector import model_kv, region_overlaps
 
 REFERENCE_PEERS = ("reference", "reference_gfx942", "reference_e3", "reference_kv_first")
 HEAD_SIZE, TOTAL_HEADS, NUM_BLOCKS = 64, 2, 4
@@ -135,10 +139,10 @@ def ranks(endpoint: Endpoint, tp: int, block_size: int, kv_cache_dtype: str, see
 
 
 @functools.cache
-def consumer_side(endpoint: Endpoint, tp: int, block_size: int, kv_cache_dtype: str):
-    """A peer as consumer: its ranks, on the CPU, where the reference lands the blocks (cached per
-    process: peers are the same for every row)."""
-    return ranks(endpoint, tp, block_size, kv_cache_dtype, seed=4242)
+def consumer_side(endpoint: Endpoint, tp: int, block_size: int, kv_cache_dtype: str, device: str = "cpu"):
+    """A peer as consumer: its ranks on ``device``, where its own ops (or the reference's) land
+    the blocks (cached per process: peers are the same for every row)."""
+    return ranks(endpoint, tp, block_size, kv_cache_dtype, seed=4242, device=device)
 
 
 def consumer_key(endpoint: Endpoint, scenario: Scenario):
@@ -166,12 +170,12 @@ def gated(endpoint: Endpoint) -> str | None:
     return None
 
 
-def evaluate(producer: Endpoint, consumer: Endpoint, scenario: Scenario, producer_ranks, seed: int) -> dict:
-    """One cell: ``{"outcome", "detail"}``; executes compatible plans with the producer's ops."""
+def evaluate(producer: Endpoint, consumer: Endpoint, scenario: Scenario, producer_ranks, seed: int, device: str = "cpu") -> dict:
+    """One cell: ``{"outcome", "detail"}``; executes compatible plans with each side's own ops."""
     why = gated(producer) or gated(consumer)
     if why:
         return {"outcome": "incompatible", "detail": why}
-    consumers = consumer_side(consumer, *scenario.side(False))
+    consumers = consumer_side(consumer, *scenario.side(False), device)
     for side in (producer_ranks, consumers):
         if isinstance(side, str):
             return {"outcome": "n/a", "detail": side}
@@ -182,13 +186,31 @@ def evaluate(producer: Endpoint, consumer: Endpoint, scenario: Scenario, produce
     plans = [v.plan for row in verdicts for v in row if v.plan.slices]
     steps = sorted({s for plan in plans for s in plan.steps})
     for rank, (c, row) in enumerate(zip(consumers, verdicts)):
-        problem = execute_row(producer, producer_ranks, c, row, scenario, seed)
+        try:
+            problem = execute_row(producer, producer_ranks, consumer, c, row, scenario, seed)
+        except Exception as exc:  # an op of either side raised: the cell fails, naming it
+            problem = f"{type(exc).__name__}: {exc}"
         if problem:
             return {"outcome": "fails", "detail": f"consumer rank {rank}: {problem}"}
     return {"outcome": "converted", "detail": ", ".join(steps)} if steps else {"outcome": "identical", "detail": ""}
 
 
 PRODUCER_BLOCKS = [1, 3]  # ascending: region lists of several blocks pair up in address order
+
+
+@functools.cache
+def reference_producer_side(endpoint: Endpoint, scenario: Scenario, seed: int, device: str = "cpu"):
+    """A reference endpoint as producer (for the ``received`` cells), cached per process."""
+    return producer_side(endpoint, scenario, seed, device)
+
+
+RECEIVED_FROM = "reference"  # its NHD, HND and shuffled-tile endpoints: regions, layout conversion, re-blocking, TP splits, e4m3fn
+
+
+def reference_endpoints() -> list[Endpoint]:
+    """The producers of the ``received`` cells: the reference backend's endpoints."""
+    backend = _reference_peer(RECEIVED_FROM)
+    return [Endpoint(backend, layout) for layout in backend.capabilities.layouts]
 
 
 def producer_side(endpoint: Endpoint, scenario: Scenario, seed: int, device: str = "cpu"):
@@ -205,40 +227,86 @@ def producer_side(endpoint: Endpoint, scenario: Scenario, seed: int, device: str
     return found
 
 
-def execute_row(producer: Endpoint, producer_ranks, consumer: Rank, verdicts, scenario: Scenario, seed: int) -> str | None:
-    """Ship every producer rank's slices into a fresh copy of the consumer rank; compare with the
-    consumer's reference: its heads of the model's tokens, re-encoded as its writer stores them."""
+class Unshippable(Exception):
+    """A side's own regions cannot carry the plan (a region twice, byte counts that differ)."""
+
+
+def own_regions(endpoint: Endpoint, rank: Rank, blocks, heads, side: str) -> list[tuple[int, int]]:
+    """The side's regions of ``blocks`` (``heads``) from its buffer's first byte: its own
+    ``block_regions`` where it declares ``regions``, else the reference's."""
+    if "regions" not in endpoint.backend.capabilities.ops:
+        return R.connector.byte_regions(rank.spec.layout, rank.spec.geometry, blocks, heads)
+    regions = endpoint.backend.block_regions(rank.cache, rank.spec, blocks, heads)
+    overlap = region_overlaps(regions)
+    if overlap:
+        raise Unshippable(f"the {side}'s regions of blocks {blocks}, heads {heads.start}..{heads.stop - 1}: {overlap}")
+    origin = rank.cache.data_ptr() - rank.buffer.data_ptr()
+    return [(o + origin, n) for o, n in sorted(regions)]
+
+
+def ship_regions(producer: Endpoint, p_rank: Rank, p_blocks, consumer: Endpoint, c_rank: Rank, c_blocks, s) -> None:
+    """One slice region to region: the producer's regions of it into the consumer's, as one stream."""
+    src = own_regions(producer, p_rank, p_blocks, s.producer_heads, "producer")
+    dst = own_regions(consumer, c_rank, c_blocks, s.consumer_heads, "consumer")
+    sent, room = sum(n for _, n in src), sum(n for _, n in dst)
+    if sent != room:
+        raise Unshippable(f"the producer's regions hold {sent} bytes, the consumer's {room}")
+    R.connector.copy_between_regions(p_rank.buffer, src, c_rank.buffer, dst)
+
+
+def execute_row(producer: Endpoint, producer_ranks, consumer: Endpoint, consumer_rank: Rank, verdicts, scenario: Scenario, seed: int) -> str | None:
+    """Ship every producer rank's slices into a fresh copy of the consumer rank — out through the
+    producer's own ops, in through the consumer's — and compare with the consumer's reference:
+    its heads of the model's tokens, re-encoded as its writer stores them."""
     kv = model_kv(producer_ranks[0].spec.geometry, len(PRODUCER_BLOCKS), TOTAL_HEADS, seed)  # what fill() placed
-    gp, gc = producer_ranks[0].spec.geometry, consumer.spec.geometry
+    gp, gc = producer_ranks[0].spec.geometry, consumer_rank.spec.geometry
     same_n = gp.block_size == gc.block_size
     tokens = len(PRODUCER_BLOCKS) * gp.block_size - (0 if same_n else 5)
     c_blocks = list(range(NUM_BLOCKS))[: -(-tokens // gc.block_size)] if same_n else [2, 0, 3, 1][: -(-tokens // gc.block_size)]
-    target = consumer.buffer.clone()
-    expected = consumer.buffer.clone()
+    buffer = consumer_rank.buffer.clone()
+    target = Rank(consumer_rank.spec, buffer, consumer.backend.allocate(buffer, consumer_rank.spec), consumer_rank.descriptor)
+    expected = consumer_rank.buffer.cpu().clone()
     for p_rank, verdict in zip(producer_ranks, verdicts):
         plan = verdict.plan
         for s in plan.slices:
             if plan.mode == "regions":
-                src = R.connector.byte_regions(p_rank.spec.layout, gp, PRODUCER_BLOCKS, s.producer_heads)
-                if "regions" in producer.backend.capabilities.ops:  # the producer's own regions, from its cache's first byte
-                    origin = p_rank.cache.data_ptr() - p_rank.buffer.data_ptr()
-                    src = [(o + origin, n) for o, n in sorted(producer.backend.block_regions(p_rank.cache, p_rank.spec, PRODUCER_BLOCKS, s.producer_heads))]
-                dst = R.connector.byte_regions(plan.consumer.layout, plan.consumer.geometry, c_blocks, s.consumer_heads)
-                R.connector.copy_between_regions(p_rank.buffer, src, target, dst)
+                try:
+                    ship_regions(producer, p_rank, PRODUCER_BLOCKS, consumer, target, c_blocks, s)
+                except Unshippable as exc:
+                    return f"producer rank {p_rank.descriptor['tp_rank']} → heads {s.consumer_heads.start}..{s.consumer_heads.stop - 1}: {exc}"
                 continue
             wire = producer.backend.export_blocks(p_rank.cache, p_rank.spec, PRODUCER_BLOCKS, s.producer_heads) \
                 if "wire" in producer.backend.capabilities.ops else R.connector.export_blocks(p_rank.buffer, p_rank.spec.layout, gp, PRODUCER_BLOCKS, s.producer_heads)
             wire = compat.convert_wire(wire, gc.dtype, plan.ratios)
-            R.connector.import_blocks(target, plan.consumer.layout, plan.consumer.geometry, c_blocks, wire, s.consumer_heads, None if same_n else tokens)
-    heads = R.connector.rank_heads(TOTAL_HEADS, scenario.consumer_tp, consumer.descriptor["tp_rank"])
+            count = None if same_n else tokens
+            if "wire" in consumer.backend.capabilities.ops and (same_n or "reblock" in consumer.backend.capabilities.ops):
+                consumer.backend.import_blocks(target.cache, target.spec, c_blocks, wire, s.consumer_heads, count)
+            else:
+                R.connector.import_blocks(target.buffer, plan.consumer.layout, plan.consumer.geometry, c_blocks, wire, s.consumer_heads, count)
+    heads = R.connector.rank_heads(TOTAL_HEADS, scenario.consumer_tp, consumer_rank.descriptor["tp_rank"])
     sequence = kv.permute(0, 2, 1, 3, 4, 5).reshape(gp.num_layers, 2, -1, TOTAL_HEADS, gp.head_size)[:, :, :tokens, heads.start:heads.stop]
     ratios = verdicts[0].plan.ratios
     values = torch.stack([R.connector.convert(sequence[:, kv_], gp.dtype, gc.dtype, ratios[kv_])[0] for kv_ in (0, 1)], dim=2)
-    offsets = R.connector.token_offsets(consumer.spec.layout, gc, c_blocks, tokens)
+    offsets = R.connector.token_offsets(consumer_rank.spec.layout, gc, c_blocks, tokens)
     R.storage_bits(expected, gc)[offsets] = values
-    if torch.equal(target, expected):
+    landed = target.buffer.cpu()
+    if torch.equal(landed, expected):
         return None
-    differ = torch.nonzero((target != expected).view(-1, gc.element_size).any(dim=1)).flatten()
-    coords = R.coordinates_of(consumer.spec.layout, gc, differ[:1].tolist())[0]
+    differ = torch.nonzero((landed != expected).view(-1, gc.element_size).any(dim=1)).flatten()
+    coords = R.coordinates_of(consumer_rank.spec.layout, gc, differ[:1].tolist())[0]
     where = " ".join(f"{k}={v}" for k, v in coords.items()) if coords else "padding"
     return f"{differ.numel()} elements differ from the consumer's reference, first at {where}"
+
+
+def received(consumer: Endpoint, seed: int, device: str = "cpu") -> list[dict]:
+    """The endpoint as consumer of every endpoint of the reference backend, in every scenario
+    (its own import and regions at work): ``[{"producer", "producer_platform", "scenario", "outcome", "detail"}]``."""
+    cells = []
+    for scenario in SCENARIOS:
+        for producer in reference_endpoints():
+            if producer == consumer:
+                continue
+            side = reference_producer_side(producer, scenario, seed, device)
+            cell = evaluate(producer, consumer, scenario, side, seed, device)
+            cells.append({"producer": producer.label, "producer_platform": producer.platform, "scenario": scenario.name, **cell})
+    return cells
