@@ -1,7 +1,7 @@
 """AMD AITER's Triton KV writer under the suite on the CPU (TRITON_INTERPRET=1): ``aiter:flash`` and
 ``aiter:asm`` (backends_under_test/aiter_backend.py) run ``fused_qk_rope_reshape_and_cache`` of
 the amd-aiter wheel itself. ``KVCONFORM_AITER`` names the unzipped wheel; without it the pinned
-wheel is fetched once with ``pip download`` (sha256 checked) into pytest's cache. When the
+wheel is fetched once per session with ``pip download`` (sha256 checked). When the
 registry cannot be reached the tests skip saying so; ``KVCONFORM_REQUIRE_AITER=1`` makes that a
 failure. One suite run (write, shuffle and gating families, gated by the expectations file)
 answers the verdict tests; docs/REAL_KERNELS.md has the tables.
@@ -40,8 +40,6 @@ INTERPRETER = "this machine's Triton interpreter"
 
 def fetch_wheel(into: Path) -> Path:
     """The pinned amd-aiter wheel's Python tree under ``into``; skips (or fails) when pip cannot fetch it."""
-    if (into / "aiter" / "ops" / "triton" / "fused_kv_cache.py").is_file():
-        return into
     wheels = into / "wheel"
     proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps", "--only-binary=:all:",
                            "-d", str(wheels), PINNED], capture_output=True, text=True, timeout=600)
@@ -59,11 +57,10 @@ def fetch_wheel(into: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def aiter_tree(request, tmp_path_factory) -> str:
+def aiter_tree(tmp_path_factory) -> str:
     if os.environ.get("KVCONFORM_AITER"):
         return os.environ["KVCONFORM_AITER"]
-    cache = request.config.cache.mkdir(PINNED.replace("==", "-")) if request.config.cache else tmp_path_factory.mktemp("aiter")
-    return str(fetch_wheel(Path(cache)))
+    return str(fetch_wheel(tmp_path_factory.mktemp("aiter-wheel")))
 
 
 @pytest.fixture(scope="module")

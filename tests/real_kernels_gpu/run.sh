@@ -7,14 +7,17 @@
 # CARRY holds what was prepared on a machine with the registry (prepare.sh): vllm-bundle.tar.xz
 # (tests/vllm_gpu/build_bundle.py), vllm-src/csrc (vllm_sources.py: vLLM 0.33.0's cache kernels),
 # torch-headers/ (stable-ABI headers of a newer torch, the fallback build) and aiter/ (the
-# amd-aiter wheel's Python tree). ONLY (default FLASH_ATTN,FLEX_ATTENTION,ROCM_ATTN) are the vLLM
+# amd-aiter wheel's Python tree), and optionally lmcache-0.5.6.tar.gz (lmcache_build.sh). ONLY (default FLASH_ATTN,FLEX_ATTENTION,ROCM_ATTN) are the vLLM
 # members run with the compiled ops. Writes into OUT: versions.txt, build.log, agreement.txt,
-# aiter/ (suite results, log, interpreter-free probes) and vllm/ (tests/vllm_gpu/run.py's files).
+# aiter/ (suite results, log, probes), vllm/ (tests/vllm_gpu/run.py's files), lmcache-build.log.
 set -uo pipefail
 carry=$(cd "$1" && pwd); out=$(mkdir -p "$2" && cd "$2" && pwd); only=${3:-FLASH_ATTN,FLEX_ATTENTION,ROCM_ATTN}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 unset TRITON_INTERPRET
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"; nvcc --version | tail -1; } > "$out/versions.txt" 2>&1
+
+# 0. LMCache's CUDA ops, built alongside everything else (item 3 of issue #24: the build only).
+( [ -f "$carry/lmcache-0.5.6.tar.gz" ] && timeout 450 tests/real_kernels_gpu/lmcache_build.sh "$carry/lmcache-0.5.6.tar.gz" "$out/lmcache-build.log" ) &
 
 # 1. vLLM's cache kernels, with the device's torch headers; else the carried newer ones.
 build=/tmp/vllm-cache-ops
