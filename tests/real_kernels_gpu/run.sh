@@ -31,12 +31,12 @@ tail -2 "$out/build.log"
 
 # 2. In parallel: vLLM members through the compiled ops, AITER compiled, CUDA vs Triton writers.
 site=$(mktemp -d)/unpacked && mkdir -p "$site" && tar -xJf "$carry/vllm-bundle.tar.xz" -C "$site"
-( timeout 420 python3 tests/vllm_gpu/run.py "$carry/vllm-bundle.tar.xz" "$out/vllm" --jobs 3 --only "$only" --deadline 400 \
+( timeout 350 python3 tests/vllm_gpu/run.py "$carry/vllm-bundle.tar.xz" "$out/vllm" --jobs 3 --only "$only" --deadline 330 \
     -- -n 3 --kvc-expectations docs/expectations/vllm-0.33.0-gpu.txt > "$out/vllm-run.log" 2>&1 ) &
-( mkdir -p "$out/aiter" && KVCONFORM_AITER="$carry" timeout 420 python3 -m pytest --pyargs kvconform.conformance -q -p no:cacheprovider \
+( mkdir -p "$out/aiter" && KVCONFORM_AITER="$carry" timeout 330 python3 -m pytest --pyargs kvconform.conformance -q -p no:cacheprovider \
     --kvc-backend aiter:flash,aiter:asm -n 4 --kvc-json "$out/aiter/results.json" --kvc-html "$out/aiter/results.html" \
     --kvc-expectations docs/expectations/aiter-0.1.7.post2.dev18.txt > "$out/aiter/suite.log" 2>&1;
   KVCONFORM_AITER="$carry" python3 -m tests.real_kernels_gpu.aiter_probes > "$out/aiter/probes.txt" 2>&1 ) &
-( [ -f "$library" ] && PYTHONPATH="$site/site:$PWD" timeout 300 python3 -m tests.real_kernels_gpu.writer_agreement > "$out/agreement.txt" 2>&1 ) &
+( [ -f "$library" ] && PYTHONPATH="$site/site:$PWD" timeout 240 python3 -m tests.real_kernels_gpu.writer_agreement > "$out/agreement.txt" 2>&1 ) &
 wait
 tail -5 "$out/vllm-run.log" "$out/aiter/suite.log"; cat "$out/agreement.txt" | tail -3
