@@ -12,7 +12,9 @@ Flags as vLLM's CMake builds its ``_C_stable_libtorch`` (CMakeLists.txt:1281-129
 cmake/utils.cmake:130-147): torch's common nvcc flags without the ``__CUDA_NO_HALF*`` /
 ``__CUDA_NO_BFLOAT16_CONVERSIONS__`` defines (removed for CUDA >= 12), ``-DENABLE_FP8``,
 ``-DUSE_CUDA``, ``TORCH_TARGET_VERSION`` 2.11 (the stable-ABI floor vLLM targets), for this
-GPU's compute capability. ``--torch-headers DIR`` puts another torch's stable-ABI headers first
+GPU's compute capability; linked with the CUDA driver library as vLLM links every extension
+(``CUDA::cuda_driver``, cmake/utils.cmake:661: ``swap_blocks_batch`` resolves
+``cuMemcpyBatchAsync`` through ``cuGetProcAddress``). ``--torch-headers DIR`` puts another torch's stable-ABI headers first
 (vLLM builds against newer headers than the torch it loads in).
 """
 
@@ -32,6 +34,17 @@ VLLM_DEFINES = ["-DENABLE_FP8", "-DUSE_CUDA", "-DTORCH_TARGET_VERSION=0x020B0000
 UNDEFINES = ["-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__"]
 
 
+def cuda_driver_library() -> str:
+    """The CUDA driver library to link: the toolkit's stub, else the driver's own (its SONAME, libcuda.so.1, is what loads)."""
+    home = Path(cpp_extension.CUDA_HOME)
+    candidates = [*home.glob("lib64/stubs/libcuda.so"), *home.glob("targets/*/lib/stubs/libcuda.so")]
+    for folder in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64", "/usr/local/nvidia/lib"):
+        candidates += sorted(Path(folder).glob("libcuda.so*"))
+    if not candidates:
+        raise SystemExit("build_cache_ops: no libcuda.so (CUDA toolkit stub or driver) to link")
+    return str(candidates[0])
+
+
 def build(sources: Path, build_dir: Path, torch_headers: Path | None = None) -> Path:
     major, minor = torch.cuda.get_device_capability()
     os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
@@ -40,7 +53,7 @@ def build(sources: Path, build_dir: Path, torch_headers: Path | None = None) -> 
     cpp_extension.load(
         name="vllm_0_33_0_cache_ops", sources=[str(sources / "csrc" / "cache_kernels.cu"), str(HERE / "cache_ops_bindings.cpp")],
         extra_include_paths=includes, extra_cflags=["-O3", *VLLM_DEFINES], extra_cuda_cflags=["-O3", *VLLM_DEFINES, *UNDEFINES],
-        build_directory=str(build_dir), is_python_module=False, verbose=True,
+        extra_ldflags=[cuda_driver_library()], build_directory=str(build_dir), is_python_module=False, verbose=True,
     )
     return build_dir / "vllm_0_33_0_cache_ops.so"
 

@@ -15,11 +15,4 @@ arch=$(python3 -c "import torch; print('%d.%d' % torch.cuda.get_device_capabilit
 start=$(date +%s)
 TORCH_CUDA_ARCH_LIST=$arch MAX_JOBS=12 python3 setup.py build_ext --inplace > "$log" 2>&1
 echo "== setup.py build_ext exit $? after $(( $(date +%s) - start )) s (TORCH_CUDA_ARCH_LIST=$arch)" >> "$log"
-python3 - >> "$log" 2>&1 <<'PY'
-import glob, importlib.util, torch
-path = glob.glob("lmcache/cuda_ops*.so")[0]
-spec = importlib.util.spec_from_file_location("lmcache.cuda_ops", path)
-ops = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ops)
-print(f"== {path} loads with torch {torch.__version__}:", ", ".join(n for n in sorted(dir(ops)) if not n.startswith("_")))
-PY
+python3 -c "import torch, lmcache.cuda_ops as ops; print('== lmcache.cuda_ops', ops.__file__, 'loads with torch', torch.__version__, ':', ', '.join(n for n in sorted(dir(ops)) if not n.startswith('_')))" >> "$log" 2>&1

@@ -16,6 +16,15 @@ wheels=$(mktemp -d)
 "$py" -m pip download -q --no-deps --only-binary=:all: -d "$wheels" "$("$py" -c 'from kvconform.backends_under_test.aiter_backend import PINNED; print(PINNED)')"
 rm -rf "$carry/aiter" && "$py" -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("aiter/") and n.endswith(".py")])' "$wheels"/amd_aiter-*.whl "$carry"
 
+# flashinfer-python's Python tree without flashinfer/data (its JIT sources: 363 of its 544 MB), for
+# vLLM's FLASHINFER member to import; the cache writes it makes are vLLM's compiled reshape_and_cache_flash.
+"$py" -m pip download -q --no-deps --only-binary=:all: -d "$wheels" flashinfer-python==0.7.2.post1
+tree=$(mktemp -d) && "$py" -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); z.extractall(sys.argv[2], [n for n in z.namelist() if not n.startswith("flashinfer/data/")])' "$wheels"/flashinfer_python-*.whl "$tree"
+tar -cJf "$carry/flashinfer.tar.xz" -C "$tree" .
+
+# LMCache 0.5.6's sdist (lmcache_build.sh); NO_CUDA_EXT=1 lets pip prepare its metadata without a CUDA torch.
+[ -f "$carry/lmcache-0.5.6.tar.gz" ] || NO_CUDA_EXT=1 "$py" -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$carry" lmcache==0.5.6
+
 # Stable-ABI headers of this torch, with vLLM's fix for 2.13's (cmake/patches/pytorch_stable_string.patch,
 # applied by vLLM's CMakeLists.txt:409-444): build_cache_ops.py's fallback when the GPU's torch headers fail.
 include=$("$py" -c 'import torch.utils.cpp_extension as c; print(c.include_paths()[0])')

@@ -11,7 +11,7 @@
 # members run with the compiled ops. Writes into OUT: versions.txt, build.log, agreement.txt,
 # aiter/ (suite results, log, probes), vllm/ (tests/vllm_gpu/run.py's files), lmcache-build.log.
 set -uo pipefail
-carry=$(cd "$1" && pwd); out=$(mkdir -p "$2" && cd "$2" && pwd); only=${3:-FLASH_ATTN,FLEX_ATTENTION,ROCM_ATTN}
+carry=$(cd "$1" && pwd); out=$(mkdir -p "$2" && cd "$2" && pwd); only=${3:-FLASH_ATTN,FLEX_ATTENTION,ROCM_ATTN,FLASHINFER}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 unset TRITON_INTERPRET
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"; nvcc --version | tail -1; } > "$out/versions.txt" 2>&1
@@ -31,7 +31,8 @@ tail -2 "$out/build.log"
 
 # 2. In parallel: vLLM members through the compiled ops, AITER compiled, CUDA vs Triton writers.
 site=$(mktemp -d)/unpacked && mkdir -p "$site" && tar -xJf "$carry/vllm-bundle.tar.xz" -C "$site"
-( timeout 350 python3 tests/vllm_gpu/run.py "$carry/vllm-bundle.tar.xz" "$out/vllm" --jobs 3 --only "$only" --deadline 330 \
+flashinfer=$(mktemp -d) && tar -xJf "$carry/flashinfer.tar.xz" -C "$flashinfer"
+( PYTHONPATH="$flashinfer${PYTHONPATH:+:$PYTHONPATH}" timeout 350 python3 tests/vllm_gpu/run.py "$carry/vllm-bundle.tar.xz" "$out/vllm" --jobs 3 --only "$only" --deadline 330 \
     -- -n 3 --kvc-expectations docs/expectations/vllm-0.33.0-gpu.txt > "$out/vllm-run.log" 2>&1 ) &
 ( mkdir -p "$out/aiter" && KVCONFORM_AITER="$carry" timeout 330 python3 -m pytest --pyargs kvconform.conformance -q -p no:cacheprovider \
     --kvc-backend aiter:flash,aiter:asm -n 4 --kvc-json "$out/aiter/results.json" --kvc-html "$out/aiter/results.html" \
