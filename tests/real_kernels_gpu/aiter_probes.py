@@ -84,7 +84,8 @@ def fp8_edge_values(kernel, model_dtype, kv_cache_dtype, ties) -> str:
         got = cache[slots.cpu() // 16, slots.cpu() % 16].cpu().view(torch.uint8)
         want = R.fp8.quantize(x, scale, fmt).view(torch.uint8)
         partner = torch.cat([x[..., D // 2:], x[..., : D // 2]], dim=-1)
-        for i in (got != want).nonzero().tolist():
+        both_nan = torch.isnan(got.view(fmt.dtype).float()) & torch.isnan(want.view(fmt.dtype).float())  # any NaN code (SPEC FP8-NAN)
+        for i in ((got != want) & ~both_nan).nonzero().tolist():
             if side == "V":
                 kind = "V"
             elif not torch.isfinite(partner[tuple(i)].float()):

@@ -16,10 +16,15 @@ wheels=$(mktemp -d)
 "$py" -m pip download -q --no-deps --only-binary=:all: -d "$wheels" "$("$py" -c 'from kvconform.backends_under_test.aiter_backend import PINNED; print(PINNED)')"
 rm -rf "$carry/aiter" && "$py" -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("aiter/") and n.endswith(".py")])' "$wheels"/amd_aiter-*.whl "$carry"
 
-# flashinfer-python's Python tree without flashinfer/data (its JIT sources: 363 of its 544 MB), for
-# vLLM's FLASHINFER member to import; the cache writes it makes are vLLM's compiled reshape_and_cache_flash.
+# flashinfer-python's Python tree without most of flashinfer/data (its JIT sources: 363 of its 544 MB),
+# for vLLM's FLASHINFER member to import (its cache writes are vLLM's compiled reshape_and_cache_flash),
+# plus what JIT-compiling its page module needs (data/include, csrc/page.cu and its binding): flashinfer_page.py.
 "$py" -m pip download -q --no-deps --only-binary=:all: -d "$wheels" flashinfer-python==0.7.2.post1
-tree=$(mktemp -d) && "$py" -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); z.extractall(sys.argv[2], [n for n in z.namelist() if not n.startswith("flashinfer/data/")])' "$wheels"/flashinfer_python-*.whl "$tree"
+tree=$(mktemp -d) && "$py" -c '
+import sys, zipfile
+page = ("flashinfer/data/include/", "flashinfer/data/csrc/page.cu", "flashinfer/data/csrc/flashinfer_page_binding.cu", "flashinfer/data/csrc/tvm_ffi_utils.h")
+z = zipfile.ZipFile(sys.argv[1])
+z.extractall(sys.argv[2], [n for n in z.namelist() if not n.startswith("flashinfer/data/") or n.startswith(page)])' "$wheels"/flashinfer_python-*.whl "$tree"
 tar -cJf "$carry/flashinfer.tar.xz" -C "$tree" .
 
 # LMCache 0.5.6's sdist (lmcache_build.sh); NO_CUDA_EXT=1 lets pip prepare its metadata without a CUDA torch.

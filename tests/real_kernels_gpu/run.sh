@@ -9,7 +9,8 @@
 # torch-headers/ (stable-ABI headers of a newer torch, the fallback build) and aiter/ (the
 # amd-aiter wheel's Python tree), and optionally lmcache-0.5.6.tar.gz (lmcache_build.sh). ONLY (default FLASH_ATTN,FLEX_ATTENTION,ROCM_ATTN) are the vLLM
 # members run with the compiled ops. Writes into OUT: versions.txt, build.log, agreement.txt,
-# aiter/ (suite results, log, probes), vllm/ (tests/vllm_gpu/run.py's files), lmcache-build.log.
+# aiter/ (suite results, log, probes), vllm/ (tests/vllm_gpu/run.py's files), lmcache-build.log,
+# flashinfer-page.txt (FlashInfer's own append_paged_kv_cache, JIT-built here).
 set -uo pipefail
 carry=$(cd "$1" && pwd); out=$(mkdir -p "$2" && cd "$2" && pwd); only=${3:-FLASH_ATTN,FLEX_ATTENTION,ROCM_ATTN,FLASHINFER}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -39,5 +40,6 @@ flashinfer=$(mktemp -d) && tar -xJf "$carry/flashinfer.tar.xz" -C "$flashinfer"
     --kvc-expectations docs/expectations/aiter-0.1.7.post2.dev18.txt > "$out/aiter/suite.log" 2>&1;
   KVCONFORM_AITER="$carry" python3 -m tests.real_kernels_gpu.aiter_probes > "$out/aiter/probes.txt" 2>&1 ) &
 ( [ -f "$library" ] && PYTHONPATH="$site/site:$PWD" timeout 240 python3 -m tests.real_kernels_gpu.writer_agreement > "$out/agreement.txt" 2>&1 ) &
+( PYTHONPATH="$flashinfer:$site/site:$PWD" timeout 300 python3 -m tests.real_kernels_gpu.flashinfer_page > "$out/flashinfer-page.txt" 2>&1 ) &
 wait
 tail -5 "$out/vllm-run.log" "$out/aiter/suite.log"; cat "$out/agreement.txt" | tail -3

@@ -28,7 +28,6 @@ from kvconform.conformance.harness import fp8_edge_rows, token_rows
 B, N, H, D = 8, 16, 2, 128
 SLOTS = [3, 17, 18, 40, 77, 95, 100, 127]
 NEAR = 2.0**-20
-FORMAT = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
 
 def empty_cache(order: str, dtype: torch.dtype) -> torch.Tensor:
@@ -52,22 +51,32 @@ def written(cache: torch.Tensor) -> torch.Tensor:
 
 
 def expected(x: torch.Tensor, scale: float, kv_cache_dtype: str) -> torch.Tensor:
+    """What ``kv_cache_dtype`` means on this GPU (``fp8_e5m2``: e5m2 codes, SPEC FP8-FORMAT)."""
     if kv_cache_dtype == "auto":
         return x
-    return R.fp8.quantize(x.cpu(), scale, FORMAT[kv_cache_dtype]).view(torch.uint8).cuda()
+    return R.fp8.quantize(x.cpu(), scale, R.fp8.cache_dtype_for(kv_cache_dtype, x.dtype, "cuda", "sm90")).view(torch.uint8).cuda()
 
 
-def describe(cuda, triton, reference, x) -> str:
+def describe(cuda, triton, reference, x, kv_cache_dtype) -> str:
     differ = (cuda.view(torch.uint8) != triton.view(torch.uint8)).reshape(-1, cuda.element_size()).any(-1)
     if not differ.any():
-        agree = (cuda.view(torch.uint8) == reference.view(torch.uint8)).all()
-        return f"identical ({'= reference' if agree else 'both differ from the reference'})"
+        wrong = int(((cuda.view(torch.uint8) != reference.view(torch.uint8)).reshape(-1, cuda.element_size()).any(-1) & ~nan_codes(cuda, reference, kv_cache_dtype)).sum())
+        return f"identical ({'= reference' if not wrong else f'both differ from the reference on {wrong}'})"
     idx = differ.nonzero().flatten()
     flat = lambda t: t.reshape(-1) if t.element_size() == 1 else t.view(torch.int16 if t.element_size() == 2 else torch.int32).reshape(-1)  # noqa: E731
     c, t, r = flat(cuda), flat(triton), flat(reference)
-    cuda_ok, triton_ok = int((c[idx] == r[idx]).sum()), int((t[idx] == r[idx]).sum())
+    cuda_ok = int(((c[idx] == r[idx]) | nan_codes(cuda, reference, kv_cache_dtype)[idx]).sum())
+    triton_ok = int(((t[idx] == r[idx]) | nan_codes(triton, reference, kv_cache_dtype)[idx]).sum())
     first = ", ".join(f"x={float(x.reshape(-1)[i]):.6g}: cuda {int(c[i]) & 0xFF:02x} triton {int(t[i]) & 0xFF:02x} ref {int(r[i]) & 0xFF:02x}" for i in idx[:3].tolist())
     return f"{len(idx)} elements differ (CUDA = reference on {cuda_ok}, Triton = reference on {triton_ok}); {first}"
+
+
+def nan_codes(written: torch.Tensor, reference: torch.Tensor, kv_cache_dtype: str) -> torch.Tensor:
+    """Per element: both are NaN codes of the format (which NaN code is unspecified, SPEC FP8-NAN)."""
+    if kv_cache_dtype == "auto":
+        return torch.isnan(written.float().reshape(-1)) & torch.isnan(reference.float().reshape(-1))
+    fmt = R.fp8.cache_dtype_for(kv_cache_dtype, torch.bfloat16, "cuda", "sm90")
+    return (torch.isnan(written.view(fmt).float()) & torch.isnan(reference.view(fmt).float())).reshape(-1)
 
 
 def writer_cases():
@@ -94,7 +103,7 @@ def writer_cases():
                 cuda, triton = written(caches["cuda"][i]), written(caches["triton"][i])
                 whole = torch.equal(caches["cuda"][i].view(torch.uint8), caches["triton"][i].view(torch.uint8))
                 name = f"{str(model_dtype)[6:]:>8} {kv_cache_dtype:>8} {order} {kind:>6} scales {k_scale:.9g}/{v_scale:.9g} {side}"
-                print(f"{name}: {describe(cuda, triton, expected(x, scale, kv_cache_dtype), x)}{'' if whole else ' (and bytes outside the written rows differ)'}", flush=True)
+                print(f"{name}: {describe(cuda, triton, expected(x, scale, kv_cache_dtype), x, kv_cache_dtype)}{'' if whole else ' (and bytes outside the written rows differ)'}", flush=True)
 
 
 def swap_blocks_case() -> str:
