@@ -7,8 +7,8 @@ JIT-compiled with nvcc from the wheel's csrc/page.cu on first use) takes the sin
 ``[pages, 2, N, H, D]`` (NHD) or ``[pages, 2, H, N, D]`` (HND): kvconform's E1 blocks-first layout
 in either order. Token ``i`` of request ``b`` at position ``p`` lands in page
 ``kv_indices[kv_indptr[b] + p // N]``, row ``p % N``: kvconform's slot ``page·N + p % N``. Two
-requests (pages [3, 1] and [4, 0]; 20 and 5 tokens appended from position 0) over random initial
-cache bytes; the whole storage is compared with ``reference.ops.reshape_and_cache`` of the same
+requests over random initial cache bytes: pages [3, 1] with 20 tokens appended (positions 0-19),
+pages [4, 0] with 5 (the last five of a 21-token sequence: positions 16-20, page 0); the whole storage is compared with ``reference.ops.reshape_and_cache`` of the same
 tokens at those slots. A probe of item 4 of issue #24, not an adapter: slot mappings, padding and
 fp8 have no FlashInfer counterpart here.
 """
@@ -24,6 +24,17 @@ from kvconform import reference as R
 
 N, PAGES = 16, 6
 KV_INDPTR, KV_INDICES, APPENDED = [0, 2, 4], [3, 1, 4, 0], [20, 5]
+
+
+def appended_slots() -> list[int]:
+    """Where FlashInfer's documented semantics put each appended token: the appended tokens are the
+    last ones of their sequence, whose length is ``(pages − 1)·N + kv_last_page_len``."""
+    slots = []
+    for b, appended in enumerate(APPENDED):
+        pages = KV_INDICES[KV_INDPTR[b]:KV_INDPTR[b + 1]]
+        length = (len(pages) - 1) * N + (appended - 1) % N + 1
+        slots += [pages[p // N] * N + p % N for p in range(length - appended, length)]
+    return slots
 
 
 def case(order: str, dtype: torch.dtype, heads: int, head_size: int) -> str:
@@ -44,7 +55,7 @@ def case(order: str, dtype: torch.dtype, heads: int, head_size: int) -> str:
     batch_indices, positions = flashinfer.get_batch_indices_positions(append_indptr, seq_lens, total)
     flashinfer.append_paged_kv_cache(key, value, batch_indices, positions, physical, kv_indices, kv_indptr, kv_last_page_len, kv_layout=order)
     torch.cuda.synchronize()
-    slots = torch.tensor([KV_INDICES[KV_INDPTR[b] + p // N] * N + p % N for b, n in enumerate(APPENDED) for p in range(n)])
+    slots = torch.tensor(appended_slots())
     expected = initial.clone()
     R.ops.reshape_and_cache(key.cpu(), value.cpu(), expected, layout, g, slots)
     got = storage.cpu()
