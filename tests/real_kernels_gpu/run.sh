@@ -4,13 +4,15 @@
 #
 #   tests/real_kernels_gpu/run.sh CARRY OUT [ONLY]
 #
-# CARRY holds what was prepared on a machine with the registry (prepare.sh): vllm-bundle.tar.xz
+# CARRY holds what prepare.sh made on a machine with the registry: vllm-bundle.tar.xz
 # (tests/vllm_gpu/build_bundle.py), vllm-src/csrc (vllm_sources.py: vLLM 0.33.0's cache kernels),
-# torch-headers/ (stable-ABI headers of a newer torch, the fallback build) and aiter/ (the
-# amd-aiter wheel's Python tree), and optionally lmcache-0.5.6.tar.gz (lmcache_build.sh). ONLY (default FLASH_ATTN,FLEX_ATTENTION,ROCM_ATTN) are the vLLM
-# members run with the compiled ops. Writes into OUT: versions.txt, build.log, agreement.txt,
-# aiter/ (suite results, log, probes), vllm/ (tests/vllm_gpu/run.py's files), lmcache-build.log,
-# flashinfer-page.txt (FlashInfer's own append_paged_kv_cache, JIT-built here).
+# torch-headers/ (stable-ABI headers of a newer torch, the fallback build), aiter/ (the amd-aiter
+# wheel's Python tree), flashinfer.tar.xz (flashinfer-python's Python tree and its page module's
+# sources, so vLLM's FLASHINFER member imports) and lmcache-0.5.6.tar.gz (lmcache_build.sh). ONLY
+# (default FLASH_ATTN,FLEX_ATTENTION,ROCM_ATTN,FLASHINFER) are the vLLM members run with the
+# compiled ops. Writes into OUT: versions.txt, build.log, vllm/ and vllm-run.log
+# (tests/vllm_gpu/run.py's files), aiter/ (suite results and log, probes.txt), agreement.txt,
+# flashinfer-page.txt, lmcache-build.log. docs/runs/real-kernels-h200/ holds such a run.
 set -uo pipefail
 carry=$(cd "$1" && pwd); out=$(mkdir -p "$2" && cd "$2" && pwd); only=${3:-FLASH_ATTN,FLEX_ATTENTION,ROCM_ATTN,FLASHINFER}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -34,7 +36,7 @@ tail -2 "$out/build.log"
 site=$(mktemp -d)/unpacked && mkdir -p "$site" && tar -xJf "$carry/vllm-bundle.tar.xz" -C "$site"
 flashinfer=$(mktemp -d) && tar -xJf "$carry/flashinfer.tar.xz" -C "$flashinfer"
 ( PYTHONPATH="$flashinfer${PYTHONPATH:+:$PYTHONPATH}" timeout 350 python3 tests/vllm_gpu/run.py "$carry/vllm-bundle.tar.xz" "$out/vllm" --jobs 3 --only "$only" --deadline 330 \
-    -- -n 3 --kvc-expectations docs/expectations/vllm-0.33.0-gpu.txt > "$out/vllm-run.log" 2>&1 ) &
+    -- -n 3 --kvc-expectations "docs/expectations/vllm-0.33.0-gpu${KVCONFORM_VLLM_CACHE_OPS:+-cuda-ops}.txt" > "$out/vllm-run.log" 2>&1 ) &
 ( mkdir -p "$out/aiter" && KVCONFORM_AITER="$carry" timeout 330 python3 -m pytest --pyargs kvconform.conformance -q -p no:cacheprovider \
     --kvc-backend aiter:flash,aiter:asm -n 4 --kvc-json "$out/aiter/results.json" --kvc-html "$out/aiter/results.html" \
     --kvc-expectations docs/expectations/aiter-0.1.7.post2.dev18.txt > "$out/aiter/suite.log" 2>&1;
