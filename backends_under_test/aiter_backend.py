@@ -22,8 +22,9 @@ per KV head (GQA, as the vLLM adapter's impls). Only ``write``: AITER has no spl
 or connector gating of its own; its paged-decode kernels are not driven.
 
 What an identity RoPE cannot keep is left to the checks, never excused: K is stored as
-``x·cos + rot(x)·sin`` (:375), so K's −0 becomes +0 where its rotation partner is ≥ +0 and a
-finite K becomes NaN where its partner is ±inf or NaN (``inf·0``); docs/REAL_KERNELS.md and
+``x·cos + rot(x)·sin`` (:375), so K's −0 becomes +0 where ``rot(x)[d]`` (``−x[d + D/2]`` below
+D/2, ``x[d − D/2]`` above) is ≥ +0, and a finite K becomes NaN where that partner is ±inf or NaN
+(``inf·0``); docs/REAL_KERNELS.md and
 docs/expectations/aiter-0.1.7.post2.dev18.txt list what that fails.
 
 The slot mapping is passed as vLLM's model runner passes it: a prefix view of a longer
