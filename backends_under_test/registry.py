@@ -24,6 +24,10 @@ BUILTIN = {
 MUTANT_PREFIX = "mutant:"
 FAULT_PREFIX = "fault:"
 VLLM_PREFIX = "vllm:"  # vllm:NAME[+shuffle], NAME an AttentionBackendEnum member (vllm_backend.py)
+AITER = {  # AMD AITER's Triton KV writer, one name per cache layout it takes (aiter_backend.py)
+    "aiter:flash": "kvconform.backends_under_test.aiter_backend:AiterFlash",
+    "aiter:asm": "kvconform.backends_under_test.aiter_backend:AiterAsm",
+}
 
 
 @dataclasses.dataclass
@@ -46,14 +50,15 @@ def registered() -> dict[str, str]:
     from .faults import FAULTS
     from .mutants import MUTANTS
 
-    names = {**entry_points(), **BUILTIN}
+    names = {**entry_points(), **BUILTIN, **AITER}
     names.update({MUTANT_PREFIX + m: f"kvconform.backends_under_test.mutants:{cls.__name__}" for m, cls in MUTANTS.items()})
     names.update({FAULT_PREFIX + f: f"kvconform.backends_under_test.faults:{cls.__name__}" for f, cls in FAULTS.items()})
     return names
 
 
 def default_names() -> list[str]:
-    """Backends run when ``--backend`` is not given: the built-ins that are not mutants."""
+    """Backends run when ``--backend`` is not given: the built-ins that are not mutants (nor
+    libraries kvconform does not bring, such as AITER)."""
     return list(BUILTIN)
 
 

@@ -10,7 +10,9 @@ ROCM_AITER_UNIFIED_ATTN, TRITON_ATTN, FLASH_ATTN, FLASHINFER, ...); ``+shuffle``
 |                          | ``get_kv_cache_shape`` + ``get_kv_cache_stride_order`` (E1 era)        |
 | allocation               | the worker's planner strides + ``create_kv_cache_views`` (0.33.0)      |
 | K/V split                | the impl's ``_split_kv_cache`` / ``PagedAttention.split_kv_cache``     |
-| reshape_and_cache        | the impl's ``do_kv_cache_update`` (Triton, AITER shuffle or compiled op)|
+| reshape_and_cache        | the impl's ``do_kv_cache_update`` (Triton, AITER shuffle or compiled op;|
+|                          | the compiled ops built from vLLM's source when its extension is absent,|
+|                          | ``$KVCONFORM_VLLM_CACHE_OPS``, vllm_cuda_ops.py)                        |
 | swap out / in            | the platform's ``swap_out_blocks_to_host`` / ``insert_blocks_to_device`` |
 | copy blocks              | ``copy_kv_cache_blocks_inplace`` (0.33.0 worker)                       |
 | gating                   | ``supports_kv_connector`` / ``validate_configuration``                 |
@@ -35,7 +37,7 @@ import torch
 
 from kvconform import reference as R
 
-from . import vllm_connector
+from . import vllm_connector, vllm_cuda_ops
 from .contract import CONNECTOR_NOT_SUPPORTED, Backend, BackendOutOfScope, BackendUnavailable, Capabilities, CacheSpec, OpUnavailable
 
 SHUFFLE = "+shuffle"
@@ -245,6 +247,8 @@ class VllmBackend(Backend):
         self.platform = next((p for p in ("rocm", "cuda") if p in self._platform_cls.__name__.lower()), "cpu")
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self._version = vllm.__version__
+        # vLLM's CUDA cache kernels built from its source, where its own extension is absent (vllm_cuda_ops.py).
+        self._cache_ops = vllm_cuda_ops.load() if os.environ.get(vllm_cuda_ops.ENV) else None
         self._impls = {}
         with self.mode():
             self._capabilities = self._declare()
@@ -281,7 +285,7 @@ class VllmBackend(Backend):
         mode = "interpreted (TRITON_INTERPRET=1)" if interpreted() else "compiled"
         return {**({"fp8": INTERPRETER_FP8} if interpreted() else {}), "torch": torch.__version__, "vllm": self._version, "vllm_platform": type(current_platform).__name__,
                 "vllm_backend": f"{self.backend_cls.__module__}.{self.backend_cls.__name__}", "triton_mode": mode,
-                "vllm_shuffle_kv_cache": str(self.shuffle)}
+                "vllm_shuffle_kv_cache": str(self.shuffle), **({"vllm_cache_ops": self._cache_ops} if self._cache_ops else {})}
 
     def arch(self):
         if self.platform != "rocm" or self._device_platform() != "rocm":  # a ROCm backend on an NVIDIA GPU: the GPU's

@@ -1,0 +1,93 @@
+"""The committed H200 runs of docs/REAL_KERNELS.md (docs/runs/real-kernels-h200/) and their
+expectations files tell one story: every check that did not pass there is a listed finding, nothing
+that passed is listed, every entry failed there; and the probes' logs say what the document says.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+
+import pytest
+
+from kvconform.reports import expectations
+
+from .suite_runs import ROOT
+
+RUN = ROOT / "docs" / "runs" / "real-kernels-h200"
+FILES = {  # run directory -> the expectations file for it
+    "aiter": ROOT / "docs" / "expectations" / "aiter-0.1.7.post2.dev18.txt",
+    "vllm-cuda-ops": ROOT / "docs" / "expectations" / "vllm-0.33.0-gpu-cuda-ops.txt",
+}
+DID_NOT_PASS = ("failed", "error", "crashed", "timeout", "expected-failure")
+
+
+def records(run: str) -> list[dict]:
+    with gzip.open(RUN / run / "results.json.gz", "rt") as fh:
+        return json.load(fh)["tests"]
+
+
+def listed(entries, record) -> bool:
+    return expectations.first_match(entries, record["nodeid"], {record["platform"], record["arch"], record["backend"]}) is not None
+
+
+@pytest.mark.parametrize("run", FILES)
+def test_every_check_that_did_not_pass_on_the_h200_is_listed(run):
+    entries = expectations.parse(str(FILES[run]))
+    assert [r["nodeid"] for r in records(run) if r["outcome"] in DID_NOT_PASS and not listed(entries, r)] == []
+
+
+@pytest.mark.parametrize("run", FILES)
+def test_no_check_that_passed_on_the_h200_is_listed(run):
+    entries = expectations.parse(str(FILES[run]))
+    assert [r["nodeid"] for r in records(run) if r["outcome"] in ("passed", "unexpected-pass") and listed(entries, r)] == []
+
+
+@pytest.mark.parametrize("run", FILES)
+def test_every_listed_entry_failed_on_the_h200(run):
+    entries = expectations.parse(str(FILES[run]))
+    assert [e.line for e in entries if not any(r["outcome"] in DID_NOT_PASS and listed([e], r) for r in records(run))] == []
+
+
+def test_the_compiled_writers_ran_for_every_member_that_had_no_write_verdict_before():
+    """FLASH_ATTN, FLASHINFER, FLEX_ATTENTION: every layout has passing write checks; ROCM_ATTN's
+    LHBNC fixed write checks ran at 16 and 32 (the compiled reshape_and_cache) as well as 48."""
+    runs = records("vllm-cuda-ops")
+    for backend in ("vllm:FLASH_ATTN", "vllm:FLASHINFER", "vllm:FLEX_ATTENTION"):
+        layouts = {r["layout"] for r in runs if r["backend"] == backend and r["family"] == "shape"}
+        written = {r["layout"] for r in runs if r["backend"] == backend and r["family"] == "write" and r["outcome"] == "passed"}
+        assert layouts and layouts <= written, backend
+    lhbnc = [r for r in runs if r["backend"] == "vllm:ROCM_ATTN" and r["family"] == "write" and r["outcome"] == "passed" and r["layout"].startswith("LHBNC")]
+    assert any(r["block_sizes"] == [16, 32, 48] for r in lhbnc)
+
+
+def agreement() -> list[str]:
+    return (RUN / "agreement.txt").read_text().splitlines()
+
+
+def test_cuda_and_triton_flash_writers_agree_bit_for_bit_except_fp8_e5m2():
+    lines = [line for line in agreement() if re.match(r"\s*(bfloat16|float16) ", line)]
+    # 2 model dtypes × (auto: 2 orders × 2 scale pairs × K, V + 3 fp8 dtypes × 2 orders × 2 row kinds × 2 scale pairs × K, V)
+    assert len(lines) == 2 * (2 * 2 * 2 + 3 * 2 * 2 * 2 * 2)
+    for line in lines:
+        kv_cache_dtype = line.split()[1]
+        if kv_cache_dtype == "fp8_e5m2":
+            differ, cuda_right, triton_right = map(int, re.search(r"(\d+) elements differ \(CUDA = reference on (\d+), Triton = reference on (\d+)\)", line).groups())
+            assert cuda_right == differ and triton_right == 0, line
+        else:
+            assert line.endswith("identical (= reference)"), line
+
+
+def test_vllms_compiled_swap_blocks_moves_whole_blocks_like_torch_indexing():
+    assert agreement()[-1].endswith("identical to torch indexing")
+
+
+def test_flashinfers_append_paged_kv_cache_lands_where_the_reference_puts_each_token():
+    lines = [line for line in (RUN / "flashinfer-page.txt").read_text().splitlines() if line.startswith("append_paged_kv_cache")]
+    assert len(lines) == 8 and all(line.endswith("identical to the reference") for line in lines)
+
+
+def test_aiters_fp8_codes_differ_only_where_an_identity_rope_changes_k():
+    fp8 = [line for line in (RUN / "aiter" / "probes.txt").read_text().splitlines() if "ties:" in line]
+    assert len(fp8) == 8 and all(line.endswith("V 0, K: other 0") for line in fp8)
