@@ -22,17 +22,24 @@ import argparse
 import json
 import sys
 
-from kvconform import compat
-from kvconform.reports import cli as report_cli
-
 DEFAULT_OUT = "kvconform-results"
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((arg for arg in argv if not arg.startswith("-")), None)
     parser = argparse.ArgumentParser(prog="kvconform", description="kvconform: KV-cache layout conformance")
     sub = parser.add_subparsers(dest="command", required=True)
-    report_cli.add_actions(sub.add_parser("report", help="render or merge result files").add_subparsers(dest="action", required=True))
-    compat.add_arguments(sub.add_parser("compat", help="may a producer's KV blocks land exactly in a consumer? (layout descriptors)"))
+    report = sub.add_parser("report", help="render or merge result files")
+    compat_parser = sub.add_parser("compat", help="may a producer's KV blocks land exactly in a consumer? (layout descriptors)")
+    if chosen == "report":  # these two import torch: only when they run (`kvconform test` starts in a fraction of a second)
+        from kvconform.reports import cli as report_cli
+
+        report_cli.add_actions(report.add_subparsers(dest="action", required=True))
+    if chosen == "compat":
+        from kvconform import compat
+
+        compat.add_arguments(compat_parser)
     describer = sub.add_parser("describe", help="write a backend's layout descriptors (one per TP rank) for 'kvconform compat'")
     describer.add_argument("--backend", required=True, help="a registered backend, vllm:NAME or pkg.module:attr")
     describer.add_argument("--layout", help="era:alias of one of its declared layouts (default: the first)")
@@ -107,6 +114,7 @@ def _after_dashes(extra: list[str]) -> list[str]:
 
 
 def coverage_table(runs: list[str], output: str | None) -> int:
+    from kvconform.reports import cli as report_cli
     from kvconform.reports import coverage as C
     from kvconform.reports.matrix import SchemaError
     from kvconform.reports.results import write_atomically

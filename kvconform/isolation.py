@@ -39,28 +39,26 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 from kvconform.conformance.plugin.collection import suite_command
-from kvconform.conformance.plugin.options import OPTIONS
 
 HARNESS_ERROR = 3  # exit status of `kvconform run` when the suite itself could not start
 STARTUP_FAILURES = {2: "interrupted", 3: "internal error", 4: "usage error"}  # pytest exit codes
 
 # ----------------------------------------------------------------------------- the caller's paths
-PATH_METAVARS = {"PATH", "FILE", "DIR"}  # how options.OPTIONS marks an option whose value is a path
-PYTEST_PATH_OPTIONS = ("--junitxml", "--junit-xml", "--basetemp", "--log-file", "--confcutdir", "--rootdir", "-c", "--config-file")
-
-
-def path_options() -> frozenset[str]:
-    """Every spelling of an option whose value is a path: the suite's (``--kvc-NAME`` and, where it
-    has one, ``--NAME``) and pytest's own."""
-    suite = {f"--{prefix}{name}" for name, aliased, attrs in OPTIONS if attrs.get("metavar") in PATH_METAVARS
-             for prefix in (("kvc-", "") if aliased else ("kvc-",))}
-    return frozenset(suite | set(PYTEST_PATH_OPTIONS))
+# Every spelling of an option whose value is a path: the suite's (each of conformance/plugin/options.py
+# OPTIONS with metavar PATH, FILE or DIR, as --kvc-NAME and its short alias; tests/test_vendor_repository.py
+# holds the two lists equal) and pytest's own. Spelled out, not derived: the command starts without
+# importing the suite's options (they import torch).
+PATH_OPTIONS = frozenset({
+    "--kvc-json", "--kvc-html", "--kvc-certify", "--kvc-expectations", "--expectations", "--kvc-update-expectations",
+    "--update-expectations", "--kvc-export-digests", "--export-digests", "--kvc-compare-digests", "--compare-digests",
+    "--junitxml", "--junit-xml", "--basetemp", "--log-file", "--confcutdir", "--rootdir", "-c", "--config-file",
+})
 
 
 def resolve_paths(args: list[str], cwd: str) -> list[str]:
     """``args`` with the value of every path option made absolute against ``cwd`` (``--opt PATH``
     and ``--opt=PATH``); every other argument unchanged."""
-    names = path_options()
+    names = PATH_OPTIONS
     resolved, pending = [], False
     for arg in args:
         if pending:

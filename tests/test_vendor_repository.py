@@ -12,9 +12,10 @@ installed suite). The commands are read from the files — the fenced block afte
 
 To keep the test to minutes, each suite run gets one filter from outside the command
 (``PYTEST_ADDOPTS``: the padding check, which the broken variant fails, and the check the
-expectations file lists) and ``-n auto`` one worker. ``kvconform certify`` refuses filters and a
-full certified run of the kit costs minutes, so its block runs with ``--collect-only``: the
-commands start and name a registered backend; tests/test_certify.py covers certification.
+expectations file lists), and ``-n auto`` runs in-process (``PYTEST_XDIST_AUTO_NUM_WORKERS=0``).
+``kvconform certify`` refuses filters and a full certified run of the kit costs minutes, so its
+block runs with ``--collect-only``: the commands start and name a registered backend;
+tests/test_certify.py covers certification.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ EXAMPLE = ROOT / "examples" / "vendor_backend"
 DOC = ROOT / "docs" / "VENDOR_CI.md"
 WORKFLOW = EXAMPLE / ".github" / "workflows" / "kvconform.yml"
 BLOCK = re.compile(r"^<!-- vendor-repository-test: (\w+) -->\n```bash\n(.*?)^```", re.S | re.M)
-FAST = {"PYTEST_ADDOPTS": "-k 'padding_slots_leave or fp8_codes_equal'", "PYTEST_XDIST_AUTO_NUM_WORKERS": "1"}
+FAST = {"PYTEST_ADDOPTS": "-k 'padding_slots_leave or fp8_codes_equal'", "PYTEST_XDIST_AUTO_NUM_WORKERS": "0"}  # -n auto: in-process
 OWN_SETUP = "kvconform: pytest runs in a scratch directory"
 VENDOR_CONFTEST_LOADED = "acme's conftest is loaded"
 
@@ -232,7 +233,7 @@ def test_the_certify_commands_start_and_name_a_registered_backend(vendor):
     certify, verify = [line.split("#")[0].strip() for line in vendor.blocks["certify"].splitlines() if line.strip()]
     backend = certify.split("--backend")[1].split()[0]
     assert re.search(rf"^{re.escape(backend)} ", checked(in_repo(vendor, "kvconform backends")).stdout, re.M), f"{backend} is not registered"
-    proc = in_repo(vendor, certify, PYTEST_ADDOPTS="--collect-only -q")
+    proc = in_repo(vendor, certify, PYTEST_ADDOPTS="--collect-only -q", PYTEST_XDIST_AUTO_NUM_WORKERS="0")
     assert proc.returncode == 1 and "NOT CERTIFIED" in proc.stdout, output(proc)[-4000:]  # no test ran: nothing to certify
     proc = in_repo(vendor, verify)
     assert proc.returncode == 1 and "not a bundle directory" in proc.stdout, output(proc)[-4000:]
@@ -269,7 +270,10 @@ def test_every_path_the_caller_gives_is_resolved_against_the_callers_directory()
     names = {"--kvc-expectations", "--kvc-json", "--kvc-html", "--kvc-compare-digests", "--kvc-export-digests",
              "--kvc-update-expectations", "--kvc-certify", "--expectations", "--compare-digests", "--export-digests",
              "--update-expectations", "--junitxml", "--junit-xml"}
-    assert names <= isolation.path_options()
+    suite = {f"--{prefix}{name}" for name, aliased, attrs in OPTIONS if attrs.get("metavar") in ("PATH", "FILE", "DIR")
+             for prefix in (("kvc-", "") if aliased else ("kvc-",))}
+    assert names - {"--junitxml", "--junit-xml"} == suite and names <= isolation.PATH_OPTIONS
+    assert not {o for o in isolation.PATH_OPTIONS - suite if o.startswith("--kvc-")}, "an option the suite no longer has"
     args = [arg for name in sorted(names) for arg in (name, "rel/x")] + ["--kvc-json=y.json", "-m", "write", "--kvc-seed", "3", "/abs/z"]
     resolved = isolation.resolve_paths(args, "/caller")
     assert resolved[: 2 * len(names)] == [arg if arg.startswith("-") else "/caller/rel/x" for arg in args[: 2 * len(names)]]
