@@ -121,36 +121,69 @@ class Backend(abc.ABC):
         """Storage dtype for ``kv_cache_dtype`` on this platform (fnuz only on gfx94x)."""
         return fp8.cache_dtype_for(kv_cache_dtype, model_dtype, self.platform, self.arch())
 
+    # ---------------------------------------------------------------- cache ops
+    # Every tensor argument lives on the backend's device unless said otherwise; "model dtype" is
+    # ``spec.model_dtype``, "cache dtype" ``spec.geometry.dtype``; T tokens, H KV heads, D head
+    # size, N block size (docs/VENDOR_CI.md, "The adapter's arguments", has the same as a table).
     @abc.abstractmethod
     def allocate(self, buffer: torch.Tensor, spec: CacheSpec) -> torch.Tensor:
         """Build the cache tensor the backend's kernels receive, as a view of ``buffer``.
 
-        ``buffer`` is a uint8 1-D tensor of ``spec.layout.nbytes(spec.geometry)`` bytes on
-        the device (pinned host memory for swap targets).
+        ``buffer``: uint8, 1-D, ``spec.layout.nbytes(spec.geometry)`` bytes, on the device
+        (host memory for swap targets: pinned where a GPU is present); guard bytes surround it.
+        Return a view of it in the cache dtype, in the backend's own shape and strides.
         """
 
     def split(self, cache: torch.Tensor, spec: CacheSpec) -> tuple[torch.Tensor, torch.Tensor]:
-        """The K and V tensors the kernels receive (E1: ``cache.unbind(1)``)."""
+        """The K and V tensors the kernels receive, views of ``cache`` (E1: ``cache.unbind(1)``)."""
         raise NotImplementedError
 
-    def write(self, cache, key, value, slot_mapping, spec: CacheSpec, *, k_scale, v_scale) -> None:
-        """``reshape_and_cache``: token ``t`` of ``key``/``value`` into slot ``slot_mapping[t]``."""
+    def write(self, cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, spec: CacheSpec, *,
+              k_scale: torch.Tensor, v_scale: torch.Tensor) -> None:
+        """``reshape_and_cache``: token ``t`` of ``key``/``value`` into slot ``slot_mapping[t]``.
+
+        - ``key``, ``value``: ``[T, H, D]`` in the model dtype, T ≥ ``len(slot_mapping)`` (rows
+          past it are not written); not necessarily contiguous: rows of one ``qkv`` tensor (row
+          stride ``3·H·D``), a size-1 head dim with stride 1.
+        - ``slot_mapping``: int32 or int64 ``[T']``; slot ``b·N + s`` is block ``b``, row ``s``;
+          ``-1`` is padding (write nothing).
+        - ``k_scale``, ``v_scale``: float32 of shape ``[1]`` (per tensor) or ``[H]`` (per KV head,
+          when ``capabilities.scale_types`` has ``"head"``); an fp8 cache stores ``x / scale``,
+          an ``auto`` cache ignores them.
+        """
         raise NotImplementedError
 
-    def swap_out(self, cache, host_cache, src_ids, dst_ids, spec: CacheSpec) -> None:
-        """``swap_out_blocks_to_host``: ``host[dst_ids] = cache[src_ids]`` (whole blocks)."""
+    def swap_out(self, cache: torch.Tensor, host_cache: torch.Tensor, src_ids: torch.Tensor, dst_ids: torch.Tensor, spec: CacheSpec) -> None:
+        """``swap_out_blocks_to_host``: ``host[dst_ids] = cache[src_ids]`` (whole blocks, every layer).
+
+        ``host_cache``: the same layout in host memory (pinned where a GPU is present);
+        ``src_ids``: int64 ``[M]`` on the device; ``dst_ids``: int64 ``[M]`` on the host.
+        """
         raise NotImplementedError
 
-    def swap_in(self, host_cache, cache, src_ids, dst_ids, spec: CacheSpec) -> None:
-        """``insert_blocks_to_device``: ``cache[dst_ids] = host[src_ids]`` (whole blocks)."""
+    def swap_in(self, host_cache: torch.Tensor, cache: torch.Tensor, src_ids: torch.Tensor, dst_ids: torch.Tensor, spec: CacheSpec) -> None:
+        """``insert_blocks_to_device``: ``cache[dst_ids] = host[src_ids]`` (whole blocks, every layer).
+
+        ``src_ids``: int64 ``[M]`` on the host; ``dst_ids``: int64 ``[M]`` on the device.
+        """
         raise NotImplementedError
 
-    def copy_blocks(self, cache, block_mapping, spec: CacheSpec) -> None:
-        """``copy_blocks``: every ``[src, dst]`` row of ``block_mapping`` copies a whole block."""
+    def copy_blocks(self, cache: torch.Tensor, block_mapping: torch.Tensor, spec: CacheSpec) -> None:
+        """``copy_blocks``: every ``[src, dst]`` row of ``block_mapping`` (int64 ``[M, 2]``)
+        copies a whole block (both planes, every layer) within ``cache``."""
         raise NotImplementedError
 
-    def decode(self, cache, query, block_table, seq_lens, spec: CacheSpec, *, scale, k_scale, v_scale) -> torch.Tensor:
-        """Paged decode attention over the cache: ``query [S, Hq, D]`` → ``[S, Hq, D]``."""
+    def decode(self, cache: torch.Tensor, query: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, spec: CacheSpec, *,
+               scale: float, k_scale: torch.Tensor, v_scale: torch.Tensor) -> torch.Tensor:
+        """Paged decode attention over the cache, layer ``spec.layer``: ``query [S, Hq, D]`` → ``[S, Hq, D]``.
+
+        - ``query``: ``[S, Hq, D]`` in the model dtype, one token per sequence; Hq = G·H, and
+          query heads ``h·G … h·G + G − 1`` read KV head ``h``.
+        - ``block_table``: int64 ``[S, max_blocks]``, the blocks of each sequence in order;
+          ``seq_lens``: int64 ``[S]``, tokens in each sequence.
+        - ``scale``: the softmax scale (a Python float, ``D ** -0.5``); ``k_scale``, ``v_scale``:
+          float32 ``[1]`` or ``[H]``, as for :meth:`write`.
+        """
         raise NotImplementedError
 
     def supports_kv_connector(self) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import re
 import traceback
 
 from .contract import Backend, BackendOutOfScope, BackendUnavailable
@@ -34,11 +35,15 @@ AITER = {  # AMD AITER's Triton KV writer, one name per cache layout it takes (a
 class Loaded:
     """A backend by name: the instance, or the error that stopped it loading."""
 
-    name: str
+    name: str  # what test ids, results and expectations call it (registered_name)
     backend: Backend | None = None
     error: str | None = None
     unavailable: str | None = None  # its library is absent here: every check is not applicable
     out_of_scope: bool = False  # `unavailable` says why the backend keeps no cache kvconform specifies
+    spec: str = ""  # what --kvc-backend said (a repro line names it this way); default: ``name``
+
+    def __post_init__(self):
+        self.spec = self.spec or self.name
 
 
 def entry_points() -> dict[str, str]:
@@ -70,8 +75,29 @@ def _target(name: str) -> str:
     return registered().get(name, name)
 
 
+def registered_name(spec: str, backend: Backend) -> str:
+    """The name a ``pkg.module:attr`` backend goes by, so that test ids and an expectations file
+    written for ``acme`` also match a run of ``acme_kv.kvconform_adapter:AcmeBackend``: the name
+    registered for that target (entry points, built-ins), else the short ``name`` the adapter
+    declares unless another target is registered under it, else the spec itself."""
+    names = registered()
+    if spec in names or ":" not in spec:
+        return spec
+    aliases = sorted(n for n, target in names.items() if target == spec)
+    declared = getattr(backend, "__dict__", {}).get("name") or vars(type(backend)).get("name")  # its own, not a base class's
+    if aliases:
+        return declared if declared in aliases else aliases[0]
+    if isinstance(declared, str) and _SHORT_NAME.fullmatch(declared) and declared not in names:
+        return declared
+    return spec
+
+
+_SHORT_NAME = re.compile(r"[A-Za-z_][\w\-]*")
+
+
 def load(name: str) -> Loaded:
-    """Import and instantiate; any failure becomes ``Loaded.error`` with the traceback tail."""
+    """Import and instantiate; any failure becomes ``Loaded.error`` with the traceback tail.
+    ``Loaded.name`` is the backend's :func:`registered_name`, ``Loaded.spec`` what was asked for."""
     try:
         if name.startswith(VLLM_PREFIX):
             from .vllm_backend import adapter_for_name
@@ -86,8 +112,8 @@ def load(name: str) -> Loaded:
         backend = obj() if callable(obj) and not isinstance(obj, Backend) else obj
         if not isinstance(backend, Backend):
             raise TypeError(f"backend {name!r}: {obj!r} is not a kvconform Backend")
-        backend.name = name
-        return Loaded(name, backend=backend)
+        backend.name = registered_name(name, backend)
+        return Loaded(backend.name, backend=backend, spec=name)
     except BackendUnavailable as exc:
         return Loaded(name, unavailable=str(exc), out_of_scope=isinstance(exc, BackendOutOfScope))
     except Exception as exc:  # noqa: BLE001 - reported per backend, the session goes on

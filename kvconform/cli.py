@@ -1,5 +1,6 @@
 """The ``kvconform`` command.
 
+    kvconform test [--backend a,b] [--out DIR] [-- PYTEST ARGS]              (the installed suite in one pytest process)
     kvconform run --backend a,b,c [--kvc-timeout S] [-j N] [-- PYTEST ARGS]   (one process per backend)
     kvconform report html|merge|matrix …                                      (results JSON → reports)
     kvconform coverage [RUN.json …] [-o FILE]                                 (the coverage table; no runs: the built-ins')
@@ -9,6 +10,11 @@
     kvconform compat PRODUCER.json CONSUMER.json                              (KV-connector handshake check)
     kvconform describe --backend NAME [--layout L] [--tp-size N] … [-o F]     (a backend's layout descriptors)
     kvconform backends [--all]                                                (the names --backend accepts)
+
+``test``, ``run`` and ``certify`` start pytest in a scratch directory with kvconform's own empty
+ini file, so the pytest setup of the directory they are typed in (its ``pyproject.toml``,
+``pytest.ini``, ``conftest.py``) does not apply, and resolve every path given to them — after
+``--`` too — against that directory (kvconform/isolation.py).
 """
 
 from __future__ import annotations
@@ -17,15 +23,24 @@ import argparse
 import json
 import sys
 
-from kvconform import compat
-from kvconform.reports import cli as report_cli
+DEFAULT_OUT = "kvconform-results"
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((arg for arg in argv if not arg.startswith("-")), None)
     parser = argparse.ArgumentParser(prog="kvconform", description="kvconform: KV-cache layout conformance")
     sub = parser.add_subparsers(dest="command", required=True)
-    report_cli.add_actions(sub.add_parser("report", help="render or merge result files").add_subparsers(dest="action", required=True))
-    compat.add_arguments(sub.add_parser("compat", help="may a producer's KV blocks land exactly in a consumer? (layout descriptors)"))
+    report = sub.add_parser("report", help="render or merge result files")
+    compat_parser = sub.add_parser("compat", help="may a producer's KV blocks land exactly in a consumer? (layout descriptors)")
+    if chosen == "report":  # these two import torch: only when they run (`kvconform test` starts in a fraction of a second)
+        from kvconform.reports import cli as report_cli
+
+        report_cli.add_actions(report.add_subparsers(dest="action", required=True))
+    if chosen == "compat":
+        from kvconform import compat
+
+        compat.add_arguments(compat_parser)
     describer = sub.add_parser("describe", help="write a backend's layout descriptors (one per TP rank) for 'kvconform compat'")
     describer.add_argument("--backend", required=True, help="a registered backend, vllm:NAME or pkg.module:attr")
     describer.add_argument("--layout", help="era:alias of one of its declared layouts (default: the first)")
@@ -35,9 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     describer.add_argument("--k-scale", type=float, default=1.0, help="checkpoint k_scale (doubled where the cache stores e4m3fnuz)")
     describer.add_argument("--v-scale", type=float, default=1.0)
     describer.add_argument("-o", "--output", help="file to write (default: stdout)")
+    tester = sub.add_parser("test", help="run the installed suite in one pytest process, untouched by this directory's pytest setup")
+    tester.add_argument("--backend", help="comma-separated backends (default: every built-in backend that loads here)")
+    tester.add_argument("--out", default=DEFAULT_OUT, help="directory for results.json and results.html (default: %(default)s)")
+    tester.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after '--': extra pytest arguments (e.g. --kvc-expectations FILE -n auto)")
     run = sub.add_parser("run", help="run each backend in its own process (fault isolation) and merge")
     run.add_argument("--backend", required=True, help="comma-separated backends")
-    run.add_argument("--out", default="kvconform-results", help="directory for per-backend and merged results")
+    run.add_argument("--out", default=DEFAULT_OUT, help="directory for per-backend and merged results (default: %(default)s)")
     run.add_argument("--kvc-timeout", type=float, default=600.0, help="seconds per test before it is ended as timeout")
     run.add_argument("-j", "--jobs", type=int, default=1, help="backends run at once")
     run.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after '--': extra pytest arguments")
@@ -49,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     certify.add_argument("--out", default="kvconform-submission", help="the bundle directory")
     certify.add_argument("-n", "--workers", default="auto", help="pytest-xdist workers (default: auto)")
     certify.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after '--': extra pytest arguments (e.g. --kvc-standard e3)")
+    for command in (tester, run, certify):
+        command.add_argument("--caller-pytest-config", action="store_true",
+                             help="run pytest in this directory with its pytest.ini/pyproject.toml and conftests "
+                                  "(default: kvconform's own empty ini in a scratch directory)")
     listing = sub.add_parser("backends", help="the backend names --backend accepts")
     listing.add_argument("--all", action="store_true", help="also the seeded-fault backends (mutant:NAME, fault:NAME) kvconform tests itself with")
     verify = sub.add_parser("verify-submission", help="re-check a submission bundle against this kvconform's must-pass list")
@@ -65,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "coverage":
         return coverage_table(args.runs, args.output)
     if args.command == "certify":
-        return certify_run(args.backend, args.out, args.workers, _after_dashes(args.pytest_args))
+        return certify_run(args.backend, args.out, args.workers, _after_dashes(args.pytest_args), own=not args.caller_pytest_config)
     if args.command == "verify-submission":
         return verify_submission(args.bundle, args.rerun, args.public_key)
     if args.command == "sign-submission":
@@ -76,10 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         return list_backends(args.all)
     if args.command == "describe":
         return describe(args)
-    from kvconform.isolation import run as run_isolated
+    from kvconform import isolation
 
-    extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
-    return run_isolated([b for b in args.backend.split(",") if b], extra, args.out, args.kvc_timeout, args.jobs)
+    own = not args.caller_pytest_config
+    if args.command == "test":
+        backends = None if args.backend is None else [args.backend]
+        return isolation.test(backends, _after_dashes(args.pytest_args), args.out, own=own)
+    return isolation.run([b for b in args.backend.split(",") if b], _after_dashes(args.pytest_args), args.out, args.kvc_timeout, args.jobs, own=own)
 
 
 def list_backends(everything: bool) -> int:
@@ -97,6 +123,7 @@ def _after_dashes(extra: list[str]) -> list[str]:
 
 
 def coverage_table(runs: list[str], output: str | None) -> int:
+    from kvconform.reports import cli as report_cli
     from kvconform.reports import coverage as C
     from kvconform.reports.matrix import SchemaError
     from kvconform.reports.results import write_atomically
@@ -125,12 +152,10 @@ def coverage_table(runs: list[str], output: str | None) -> int:
     return 1 if table.holes else 0
 
 
-def certify_run(backend: str, out: str, workers: str, extra: list[str]) -> int:
-    import subprocess
+def certify_run(backend: str, out: str, workers: str, extra: list[str], own: bool = True) -> int:
+    from kvconform import isolation
 
-    from kvconform.conformance.plugin.collection import suite_command
-
-    status = subprocess.run(suite_command("--kvc-backend", backend, "--kvc-certify", out, "-n", workers, *extra)).returncode
+    status = isolation.certify(backend, out, workers, extra, DEFAULT_OUT, own=own)
     return status if status else verify_submission(out)
 
 

@@ -11,9 +11,7 @@ kvconform among them — are not processed), so the test costs seconds, not a se
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import subprocess
 import sys
 import sysconfig
 import venv
@@ -21,19 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from .fresh_venv import checked, sh
 from .suite_runs import ROOT
 
 EXAMPLE = ROOT / "examples" / "vendor_backend"
 EXPECTATIONS = EXAMPLE / "kvconform-expectations.txt"
-
-
-def sh(*cmd, cwd=None, env=None, timeout=900):
-    return subprocess.run([str(c) for c in cmd], cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
-
-
-def checked(proc):
-    assert proc.returncode == 0, f"{shlex.join(proc.args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc
 
 
 VENDOR_CONFTEST = '''

@@ -140,7 +140,7 @@ def plan(item, run) -> Planned | None:
         test_id=identity, loaded=loaded, layout=param.layout, reason=reason,
         family=next((m.name for m in item.iter_markers() if m.name in FAMILIES), "other"),
         clauses=tuple(c for m in item.iter_markers("kvc_clause") for c in m.args),
-        repro=repro_line(identity, loaded.name, run.options.cli_args()),
+        repro=repro_line(identity, loaded.spec, run.options.cli_args()),
         needs=tuple(m.args[0] for m in item.iter_markers("kvc_needs")),
     )
     known = None if reason or not run.expectations else expectations.first_match(run.expectations, identity, expectations.record_tags(planned.record_fields()))
