@@ -13,13 +13,15 @@ import torch
 from kvconform import reference as R
 from kvconform.backends_under_test.contract import CacheSpec
 from kvconform.conformance.harness.assertions import ConformanceFailure, assert_bytes_equal
-from kvconform.conformance.harness.big_caches import PAGE, LazyArena, assert_arenas_equal, lazy_zeros, touched_pages
+from kvconform.conformance.harness import big_caches
+from kvconform.conformance.harness.big_caches import (PAGE, LazyArena, PinnedArena, PinnedArenas, assert_arenas_equal, expected_arena,
+                                                      lazy_zeros, nonzero_pages, touched_pages)
 from kvconform.conformance.plugin.collection import suite_command
 from kvconform.conformance.harness.case import GUARD, Arena
 
 from .suite_runs import ROOT
 
-CASE = types.SimpleNamespace(layout=None, repro="repro-line")
+CASE = types.SimpleNamespace(layout=None, repro="repro-line", device=None)
 
 
 def lazy_arena(spec: CacheSpec) -> LazyArena:
@@ -81,3 +83,66 @@ def test_a_failed_probe_costs_no_more_memory_than_a_passing_one(tmp_path):
     peak_kib = int(subprocess.run([sys.executable, "-c", measure, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=600).stdout)
     assert {r["outcome"] for r in json.loads(out.read_text())["tests"]} == {"failed"}
     assert peak_kib < 2 << 20, f"peak RSS {peak_kib >> 10} MiB"
+
+
+# ----------------------------------------------------------------------------- the pinned host arena (GPU machines)
+class FakeCudart:
+    """Stands in for torch.cuda.cudart() on a machine without CUDA: registers nothing, says so."""
+
+    def __init__(self):
+        self.registered = []
+
+    def cudaHostRegister(self, ptr, size, flags):  # noqa: N802 - CUDA's name
+        self.registered.append((ptr, size, flags))
+        return 0
+
+    def cudaHostUnregister(self, ptr):  # noqa: N802
+        self.registered = [r for r in self.registered if r[0] != ptr]
+        return 0
+
+
+@pytest.fixture
+def cudart(monkeypatch):
+    fake = FakeCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    return fake
+
+
+def test_nonzero_pages_are_the_pages_holding_a_byte_other_than_zero():
+    buffer = torch.zeros(9 * PAGE + 5, dtype=torch.uint8)  # a last page shorter than the others
+    buffer[2 * PAGE + 7] = 1
+    buffer[9 * PAGE + 4] = 3
+    big_caches.SCAN_BYTES, saved = 4 * PAGE, big_caches.SCAN_BYTES  # several pieces
+    try:
+        assert nonzero_pages(buffer, None).tolist() == [2, 9]
+    finally:
+        big_caches.SCAN_BYTES = saved
+
+
+def test_the_pinned_arena_is_registered_once_and_zero_again_for_every_probe(cudart):
+    arenas = PinnedArenas()
+    first = arenas.take(6 * PAGE, None)
+    assert len(cudart.registered) == 1 and cudart.registered[0][1:] == (6 * PAGE, PinnedArenas.PORTABLE_AND_MAPPED)
+    first[PAGE + 3] = 9
+    first[5 * PAGE] = 4
+    again = arenas.take(4 * PAGE, None)  # smaller: the same buffer, zero again everywhere
+    assert again.data_ptr() == first.data_ptr() and len(cudart.registered) == 1
+    assert int(arenas.buffer.count_nonzero()) == 0
+    grown = arenas.take(8 * PAGE, None)  # larger: registered anew, the old one unregistered
+    assert len(cudart.registered) == 1 and cudart.registered[0][1] == 8 * PAGE and int(grown.count_nonzero()) == 0
+
+
+def test_a_stray_byte_in_the_pinned_arena_is_found_wherever_it_is(cudart):
+    spec = spec_of(num_blocks=1 << 14)
+    nbytes = 2 * GUARD + spec.layout.nbytes(spec.geometry)
+    actual = PinnedArena(PinnedArenas().take(nbytes, None), spec)
+    expected = expected_arena(actual)
+    assert isinstance(expected, LazyArena)
+    for arena in (actual, expected):
+        arena.region[100] = 7
+    assert_arenas_equal("swap", CASE, expected, actual)
+    actual.region[spec.layout.nbytes(spec.geometry) - 1] = 2  # the last byte of the cache: no page of the reference's
+    with pytest.raises(ConformanceFailure) as failure:
+        assert_arenas_equal("swap", CASE, expected, actual, "stray byte")
+    assert failure.value.details["differing_elements"] == 1
+    assert f"block={spec.geometry.num_blocks - 1}" in failure.value.details["mismatches"][0]["where"]

@@ -8,9 +8,16 @@ kernel's ``mincore`` says which pages the backend or the reference touched; comp
 pages compares everything, since every other page is zero in both arenas. So "nothing else
 changed" (WRITE-ONLY-TARGET) holds exactly, in milliseconds and a few pages of memory.
 
-On a GPU arenas are allocated in full, zero-filled as the mapping reads (no gigabytes of random
-bytes to generate, pin and copy per probe), and compared whole; with ``--kvc-huge`` a GPU
-random-fills them (a CPU allocates them in full, zero-filled).
+On a GPU device arenas are allocated in full, zero-filled as the mapping reads (no gigabytes of
+random bytes to generate, pin and copy per probe), and compared whole. The host arena of a swap
+probe is the process's one :class:`PinnedArenas` buffer: an anonymous mapping registered with
+CUDA once (pinned, exactly the bytes the largest probe so far needed) and reused by every probe
+of the process, zero again before each (the pages holding anything else, found by a scan, are
+cleared). Its twin is lazily mapped, and the comparison covers the pages the reference touched
+plus every page of the pinned arena that is not all zeros: everywhere else both are zero, so
+this too compares everything. (Before, each swap probe pinned a fresh 2–8 GiB host arena, copied
+it and compared it whole on the CPU: 3–13 s per probe on an H200.) With ``--kvc-huge`` a GPU
+random-fills its arenas and compares them whole (a CPU allocates them in full, zero-filled).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from kvconform import reference as R
 from kvconform.backends_under_test.contract import CacheSpec
 
 from .assertions import assert_bytes_equal
-from .case import FP8_KV_CACHE_DTYPES, GUARD, Arena, Case
+from .case import FP8_KV_CACHE_DTYPES, GUARD, Arena, Case, storage_of_its_own
 
 PAGE = mmap.PAGESIZE
 LIMIT = 1 << 31
@@ -59,7 +66,13 @@ def lazy_zeros(nbytes: int) -> torch.Tensor:
 
 
 def probe_arena(case: Case, spec: CacheSpec, *, host: bool = False) -> Arena:
-    """The arena of a probe: lazily mapped on a CPU, zeros fully allocated on a GPU, random bytes with --kvc-huge."""
+    """The arena of a probe: lazily mapped on a CPU, zeros fully allocated on a GPU (the host side
+    of a GPU: the process's pinned arena, zero again), random bytes with --kvc-huge."""
+    if host and case.device != "cpu" and not case.huge and torch.cuda.is_available():
+        case.built(spec)
+        arena = PinnedArena(PINNED.take(2 * GUARD + spec.layout.nbytes(spec.geometry), case.device), spec)
+        arena.cache = case.backend.allocate(storage_of_its_own(arena.region), spec)
+        return arena
     if case.device != "cpu" or case.huge:
         return case.allocate(spec, host=host, seed_offset=int(host), zero=not case.huge)
     case.built(spec)
@@ -70,8 +83,9 @@ def probe_arena(case: Case, spec: CacheSpec, *, host: bool = False) -> Arena:
 
 def expected_arena(arena: Arena) -> Arena:
     """A twin of ``arena`` for the reference to run the same ops on (lazily mapped zeros for a
-    lazy arena, which must not have been touched yet; a copy on the arena's device otherwise)."""
-    if isinstance(arena, LazyArena):
+    lazy or pinned probe arena, which must not have been touched yet; a copy on the arena's
+    device otherwise)."""
+    if isinstance(arena, (LazyArena, PinnedArena)):
         return LazyArena(lazy_zeros(arena.buffer.numel()), arena.spec)
     return arena.snapshot(on_device=True)
 
@@ -90,9 +104,82 @@ def touched_pages(buffer: torch.Tensor) -> torch.Tensor:
 
 
 def assert_arenas_equal(prop: str, case: Case, expected: Arena, actual: Arena, note: str = "") -> None:
-    """The whole arena equals the reference's: for lazy arenas, the pages either side touched."""
-    if not isinstance(actual, LazyArena):
+    """The whole arena equals the reference's: for lazy arenas, the pages either side touched
+    (for the pinned arena, the pages that hold anything but zeros)."""
+    if not isinstance(actual, (LazyArena, PinnedArena)):
         assert_bytes_equal(prop, case, expected, actual, note)
         return
-    pages = torch.unique(torch.cat([touched_pages(expected.buffer), touched_pages(actual.buffer)]))
+    written = nonzero_pages(actual.buffer, case.device) if isinstance(actual, PinnedArena) else touched_pages(actual.buffer)
+    pages = torch.unique(torch.cat([touched_pages(expected.buffer), written]))
     assert_bytes_equal(prop, case, expected, actual, note, pages=pages, zero_fill=True)  # untouched pages read zeros
+
+
+# ----------------------------------------------------------------------------- the pinned host arena
+@dataclasses.dataclass
+class PinnedArena(Arena):
+    """A probe's host arena on a GPU machine: the front of the process's pinned buffer, all zeros
+    when the probe takes it."""
+
+    def snapshot(self, on_device: bool = False) -> "PinnedArena":
+        raise TypeError("the pinned probe arena is not copied: build the expected arena with expected_arena()")
+
+
+SCAN_BYTES = 256 << 20  # the pinned buffer is scanned on the GPU in pieces this large
+
+
+MANY_PAGES = 4096  # more pages left non-zero than this: the whole pinned buffer is cleared at once
+
+
+def nonzero_pages(buffer: torch.Tensor, device: str | None = "cuda") -> torch.Tensor:
+    """Indices of the pages of a host buffer holding a byte other than zero, read on ``device``
+    (pinned memory: a copy at bus speed, then a reduction there; None: on the CPU) in
+    ``SCAN_BYTES`` pieces."""
+    found = []
+    for start in range(0, buffer.numel(), SCAN_BYTES):
+        piece = buffer[start : start + SCAN_BYTES]
+        if device is not None:
+            piece = piece.to(device, non_blocking=True)
+        tail = (-piece.numel()) % PAGE
+        if tail:
+            piece = torch.cat([piece, piece.new_zeros(tail)])
+        found.append(piece.view(-1, PAGE).any(dim=1).nonzero().flatten().cpu().add(start // PAGE))
+    return torch.cat(found) if found else torch.empty(0, dtype=torch.int64)
+
+
+class PinnedArenas:
+    """The process's one pinned host buffer for probe arenas: an anonymous mapping registered
+    with CUDA (``cudaHostRegister``: pinned and mapped for every device, so kernels reach it
+    directly), grown when a probe needs more, and zero again each time a probe takes it."""
+
+    PORTABLE_AND_MAPPED = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped
+
+    def __init__(self):
+        self.mapping: mmap.mmap | None = None
+        self.buffer: torch.Tensor | None = None
+
+    def take(self, nbytes: int, device: str = "cuda") -> torch.Tensor:
+        """The first ``nbytes`` of the buffer, all zeros (a page that is not is cleared)."""
+        if self.buffer is None or self.buffer.numel() < nbytes:
+            self.release()
+            self.mapping = mmap.mmap(-1, nbytes)
+            buffer = torch.frombuffer(self.mapping, dtype=torch.uint8)
+            status = int(torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), nbytes, self.PORTABLE_AND_MAPPED))
+            if status != 0:
+                raise RuntimeError(f"cudaHostRegister of {nbytes} bytes for a probe's host arena failed: cudaError {status}")
+            self.buffer = buffer  # fresh pages: zeros
+        else:
+            left = nonzero_pages(self.buffer, device)  # what the last probe left, wherever it is
+            if left.numel() > MANY_PAGES:
+                self.buffer.zero_()
+            for page in left.tolist() if left.numel() <= MANY_PAGES else ():
+                self.buffer[page * PAGE : (page + 1) * PAGE].zero_()
+        return self.buffer[:nbytes]
+
+    def release(self) -> None:
+        if self.buffer is not None:
+            torch.cuda.cudart().cudaHostUnregister(self.buffer.data_ptr())
+            self.buffer = None
+            self.mapping = None  # unmapped once the last view is gone
+
+
+PINNED = PinnedArenas()

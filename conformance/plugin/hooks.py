@@ -27,7 +27,7 @@ import pytest
 
 from kvconform.reference.errors import InputError
 
-from . import collection, options
+from . import collection, options, scheduling
 from .session import ALIASES_LEFT, RUN, SuiteRun
 
 ENTRY_POINT = "kvconform"
@@ -75,6 +75,8 @@ def pytest_configure(config):
         config.stash[RUN] = SuiteRun.start(config)
     except InputError as exc:  # the one place bad input becomes a usage error (exit 4)
         raise pytest.UsageError(str(exc)) from exc
+    if getattr(config.option, "numprocesses", None) or hasattr(config, "workerinput"):  # xdist: scheduling.py
+        config.pluginmanager.register(scheduling.Scheduler(config.stash[RUN]), "kvconform-scheduling")
 
 
 def pytest_report_header(config):

@@ -41,6 +41,9 @@ class SuiteRun:
             # xdist workers already fill the cores: a second intra-op thread each makes every small
             # indexing op wait on a descheduled OpenMP thread (12 ms instead of 10 µs, measured).
             torch.set_num_threads(1)
+            from .scheduling import choose_worker_gpu
+
+            choose_worker_gpu(config)  # several GPUs: this worker's caches on its own one
         from hypothesis import HealthCheck, Phase, settings
         from hypothesis.configuration import set_hypothesis_home_dir
 

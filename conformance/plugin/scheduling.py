@@ -1,0 +1,130 @@
+"""Scheduling a suite run under xdist for the wall, not the count (docs/PERFORMANCE.md).
+
+xdist hands out tests in collection order, in contiguous chunks (a quarter of a worker's share
+at first): one parametrized check's cases arrive together, so the 2^31-element swap probes of
+every backend landed on one or two workers, which ran them one after another while the others
+idled (an H200 run: 83 s of swap probes, 85 s of wall). Here, on a suite run with ``-n``:
+
+- every worker sorts its collection **longest first** (the same order on each, as xdist
+  requires): by the durations the previous run at the same ``--kvc-json`` path recorded for the
+  same profile and device, which the controller hands every worker, else by :func:`estimate`;
+- unless the command line chose ``--dist`` or ``--maxschedchunk``, workers **pull** their tests
+  one at a time (``--maxschedchunk 1``), so the long ones spread over all of them and the short
+  ones fill the gaps;
+- on a machine with several GPUs, worker ``gwN`` keeps its caches on GPU ``N % count`` when the
+  run's device is ``cuda`` (given or the default): ``torch.cuda.set_device`` before anything
+  touches a GPU, so a 2 × H200 machine runs twice as many workers' caches side by side. The
+  repro lines still say ``--kvc-device cuda``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+
+import pytest
+
+from . import collection
+
+DURATIONS = "kvconform_durations"  # workerinput key: {test id: seconds} of the previous run
+
+# Seconds an H200 quick run spends on a check, roughly, when no earlier run says (2026-11-30
+# runs, before the probes were made cheap): what matters is that long ones come first.
+PROBE_SECONDS = {"swap": 4.0, "copy": 1.0, "write": 0.6, "read": 0.6}
+FAMILY_SECONDS = {"connector": 0.3, "equivalence": 0.1}
+HYPOTHESIS_SECONDS = 0.5
+DEFAULT_SECONDS = 0.05
+
+
+def estimate(item) -> float:
+    """A check's cost from what it is: a probe past 2^31 elements (twice the blocks on kv-first
+    layouts), a Hypothesis check, its family."""
+    planned = item.stash.get(collection.PLANNED, None)
+    if planned is None:
+        return DEFAULT_SECONDS
+    if "memory_2_31" in planned.needs:
+        kv_first = planned.layout is not None and planned.layout.k_dims[0] == "2"
+        return PROBE_SECONDS.get(planned.family, 1.0) * (2 if kv_first else 1)
+    if getattr(getattr(item, "obj", None), "hypothesis", None) is not None:
+        return HYPOTHESIS_SECONDS
+    return FAMILY_SECONDS.get(planned.family, DEFAULT_SECONDS)
+
+
+class Scheduler:
+    """The plugin object, registered on the controller and the workers of an xdist suite run."""
+
+    def __init__(self, run):
+        self.run = run  # session.SuiteRun
+        self.previous: dict | None = None
+
+    # ------------------------------------------------------------------ controller
+    def pytest_configure(self, config):
+        if getattr(config.option, "dist", "no") == "load" and not _chosen(config):
+            config.option.maxschedchunk = 1
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node):
+        """Every worker gets the same durations, so all sort alike."""
+        node.workerinput[DURATIONS] = self.previous_durations()
+
+    def previous_durations(self) -> dict:
+        """{test id: seconds} from the results the previous run left at this run's --kvc-json
+        path, if it ran the same profile on the same device; else nothing."""
+        if self.previous is None:
+            self.previous, options = {}, self.run.options
+            try:
+                with open(options.json_path) as f:
+                    document = json.load(f)
+                environment = document.get("environment", {})
+                if environment.get("profile") == options.profile and environment.get("device") == options.device:
+                    self.previous = {t["nodeid"]: float(t["duration_s"]) for t in document.get("tests", []) if t.get("duration_s") is not None}
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                pass
+        return self.previous
+
+    def pytest_report_header(self, config):
+        count = _gpus(config)
+        if count > 1:
+            return f"kvconform: xdist workers spread over {count} GPUs (worker gwN on cuda:N % {count})"
+        return None
+
+    # ------------------------------------------------------------------ workers
+    @pytest.hookimpl(trylast=True)  # after kvconform has planned each test
+    def pytest_collection_modifyitems(self, config, items):
+        if not hasattr(config, "workerinput"):
+            return
+        known = config.workerinput.get(DURATIONS) or {}
+        cost = {id(item): known.get(collection.test_id(item)) or estimate(item) for item in items}
+        items.sort(key=lambda item: -cost[id(item)])  # stable: equal costs keep collection order
+
+
+def _chosen(config) -> bool:
+    """Did the user choose how xdist distributes (command line, PYTEST_ADDOPTS or ini addopts)?"""
+    words = [*config.invocation_params.args, *shlex.split(os.environ.get("PYTEST_ADDOPTS", "")), *config.getini("addopts")]
+    return any(str(w).split("=")[0] in ("--dist", "--maxschedchunk", "-d") for w in words)
+
+
+def in_use(config) -> bool:
+    """Is this an xdist run of the suite (its controller or one of its workers)?"""
+    return bool(getattr(config.option, "numprocesses", None)) or hasattr(config, "workerinput")
+
+
+def choose_worker_gpu(config) -> None:
+    """On an xdist worker of a run on ``cuda`` (given or the default) with several GPUs: make GPU
+    ``N % count`` of worker ``gwN`` the current one, before anything touches a GPU."""
+    count = _gpus(config)
+    worker = getattr(config, "workerinput", {}).get("workerid", "")
+    if count > 1 and worker.startswith("gw"):
+        import torch
+
+        torch.cuda.set_device(int(worker[2:]) % count)
+
+
+def _gpus(config) -> int:
+    """How many GPUs the run's workers spread over: 0 unless its device is plain ``cuda``."""
+    if config.getoption("kvc_device", None) not in (None, "cuda"):
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
