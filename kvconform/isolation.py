@@ -135,6 +135,9 @@ def _file_name(backend: str) -> str:
 
 def _run_one(backend: str, out_dir: str, timeout: float, pytest_args: list[str], own: bool) -> tuple[int, dict]:
     path = os.path.join(out_dir, _file_name(backend) + ".json")
+    for earlier in (path, os.path.splitext(path)[0] + ".html"):  # a process that dies early must not leave an earlier run's results
+        if os.path.isfile(earlier):
+            os.unlink(earlier)
     with scratch_setup(own) as (work, flags):
         cmd = suite_command(
             *flags, "-q", "--kvc-backend", backend, "-n", "1", "--max-worker-restart", "1000",
@@ -149,14 +152,16 @@ def _run_one(backend: str, out_dir: str, timeout: float, pytest_args: list[str],
     if proc.returncode in STARTUP_FAILURES:
         raise HarnessError(f"the suite could not start for backend {backend}: pytest exited {proc.returncode} "
                            f"({STARTUP_FAILURES[proc.returncode]}):\n{tail}\ncommand: {' '.join(cmd)}")
-    from kvconform.reports.results import SCHEMA
+    from kvconform.conformance.plugin.verdict import crashed
+    from kvconform.reports.results import SCHEMA, TestRecord
 
-    record = {"nodeid": f"conformance::{backend}", "backend": backend, "platform": "?", "arch": "", "family": "other",
-              "check": "backend process", "outcome": "crashed", "message": f"pytest exited {proc.returncode} without results:\n{tail}",
-              "failure": None, "duration_s": 0.0}
-    crashed = {"complete": False, "reasons": [{"kind": "crashed", "what": f"the suite process for {backend} exited {proc.returncode} without results"}]}
+    seed = next((int(b) for a, b in zip(pytest_args, pytest_args[1:]) if a in ("--kvc-seed", "--seed") and b.isdigit()), 0)
+    record = TestRecord(nodeid=f"conformance::{backend}", backend=backend, platform="?", arch="", family="other", check="backend process",
+                        repro=" ".join(cmd), clauses=[], seed=seed, run_platform=None,
+                        **crashed(None, False, f"pytest exited {proc.returncode} without results:\n{tail}").record_fields())
+    died = {"complete": False, "reasons": [{"kind": "crashed", "what": f"the suite process for {backend} exited {proc.returncode} without results"}]}
     return proc.returncode, {"schema": SCHEMA, "environment": {"device": "?", "device_name": "?", "backends": {backend: {}}},
-                             "completion": crashed, "tests": [record]}
+                             "completion": died, "tests": [record.as_json()]}
 
 
 PER_BACKEND = ("--kvc-json", "--kvc-html")  # `kvconform run` names these per backend under --out
@@ -164,6 +169,8 @@ PER_BACKEND = ("--kvc-json", "--kvc-html")  # `kvconform run` names these per ba
 
 def run(backends: list[str], pytest_args: list[str], out_dir: str, timeout: float, jobs: int, own: bool = True) -> int:
     """Run each backend in its own process; write merged JSON + HTML; print the matrix."""
+    from kvconform.conformance.plugin.outputs import set_aside, settle_previous
+    from kvconform.reports import results
     from kvconform.reports.cli import merged_document
     from kvconform.reports.html import render_runs
     from kvconform.reports.results import write_atomically
@@ -186,8 +193,14 @@ def run(backends: list[str], pytest_args: list[str], out_dir: str, timeout: floa
         return HARNESS_ERROR
     documents = [document for _, document in outcomes]
     json_path, html_path = os.path.join(out_dir, "results.json"), os.path.join(out_dir, "results.html")
-    write_atomically(json_path, json.dumps(merged_document(documents), indent=1, default=str))
+    merged = merged_document(documents)
+    set_aside(json_path, html_path)
+    write_atomically(json_path, json.dumps(merged, indent=1, default=str))
     write_atomically(html_path, render_runs(documents))
+    kept = settle_previous(json_path, html_path, complete=results.is_complete(merged))  # a partial run never replaces a complete one
     print(render(documents, color=sys.stdout.isatty()))
+    if kept:
+        print(f"kvconform: {json_path} held a complete run; kept it as {kept}")
     print(f"kvconform: results {json_path}\nkvconform: HTML report {html_path}")
-    return 0 if all(code in (0, 5) for code, _ in outcomes) else 1
+    codes = {code for code, _ in outcomes}
+    return 0 if codes == {0} else 5 if codes == {5} else 1  # 5: pytest's "no tests collected" (a filter that selects nothing)

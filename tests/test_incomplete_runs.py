@@ -1,9 +1,10 @@
-"""A report never says more than what ran (issue #26, items 1, 3 and 5): checks nobody collected,
+"""A report never says more than what ran (issue #26, items 1 to 5): checks nobody collected,
 a killed run, a timeout without xdist and an empty --backend are all told apart from a verdict."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -52,3 +53,29 @@ def test_an_empty_backend_list_and_an_endless_timeout_are_usage_errors(tmp_path)
                             (("--kvc-backend", "reference", "--kvc-timeout", "inf"), "--kvc-timeout inf")):
         proc = subprocess.run(suite_command(*args, "-m", "shape", python=sys.executable), cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 4 and complaint in proc.stderr, (args, proc.stderr[-500:])
+
+
+def kvconform_run(tmp_path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvconform", "run", *args], cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **(env or {})})
+
+
+def test_kvconform_run_never_reuses_the_results_of_an_earlier_run_of_a_backend_that_died(tmp_path):
+    (tmp_path / "aborts_at_import.py").write_text("import os\nif os.environ.get('KVC_ABORT'):\n    os.abort()\n"
+                                                  "from kvconform.backends_under_test.reference_backend import ReferenceBackend as Backend\n")
+    env = {"PYTHONPATH": str(tmp_path)}
+    first = kvconform_run(tmp_path, "--backend", "aborts_at_import:Backend", "--out", "k", "--", "-m", "shape", env=env)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    again = kvconform_run(tmp_path, "--backend", "aborts_at_import:Backend", "--out", "k", "--", "-m", "shape", env={**env, "KVC_ABORT": "1"})
+    merged = json.loads((tmp_path / "k" / "results.json").read_text())
+    assert again.returncode != 0 and {r["outcome"] for r in merged["tests"]} == {"crashed"}
+    assert not merged["completion"]["complete"]
+
+
+def test_kvconform_run_keeps_a_complete_merged_result_and_fails_a_filter_that_selects_nothing(tmp_path):
+    (tmp_path / "k").mkdir()
+    (tmp_path / "k" / "results.json").write_text(json.dumps(COMPLETE))
+    partial = kvconform_run(tmp_path, "--backend", "reference", "--out", "k", "--", "-m", "shape")
+    assert partial.returncode == 0 and json.loads((tmp_path / "k" / "results.complete.json").read_text()) == COMPLETE
+    nothing = kvconform_run(tmp_path, "--backend", "reference", "--out", "k", "--", "-k", "nomatch")
+    assert nothing.returncode != 0
