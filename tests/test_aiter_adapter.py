@@ -65,10 +65,11 @@ def aiter_tree(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def run(aiter_tree, tmp_path_factory):
-    """Both adapters, write + shuffle + gating families (the prefill-run tile check and the golden
-    digests, minutes each under the interpreter, run on the H200), with the expectations file."""
+    """Both adapters, write + shuffle + gating families, with the expectations file. The prefill-run
+    tile check and the golden digests (minutes each under the interpreter) and the cache past 2^31
+    elements (gigabytes of lazily mapped pages per worker on a shared CI machine) run on the H200."""
     result = run_suite(tmp_path_factory.mktemp("aiter"), "-q", "--kvc-backend", "aiter:flash,aiter:asm", "-m", "write or shuffle or gating",
-                       "-k", "not prefill_run", "-n", "2", "--kvc-expectations", str(EXPECTATIONS),
+                       "-k", "not prefill_run and not 2_31", "-n", "2", "--kvc-expectations", str(EXPECTATIONS),
                        env={"KVCONFORM_AITER": aiter_tree, "TRITON_INTERPRET": "1"}, timeout=1500)
     if result.document is None:
         pytest.fail(f"no results from {' '.join(result.proc.args)}:\n{result.output}")
