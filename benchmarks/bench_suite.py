@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kvconform.conformance.plugin.command import suite_command  # noqa: E402
+from kvconform.conformance.plugin.collection import suite_command  # noqa: E402
 
 
 def timed(args: list[str]) -> tuple[float, subprocess.CompletedProcess]:

@@ -267,7 +267,6 @@ def test_resharding_gives_every_consumer_rank_exactly_its_heads(case, mode):
     changes = [(p, c, model_heads(case, p, c)) for p, c in TP_CHANGES]
     if all(total is None for _, _, total in changes):
         raise not_declared(case, f"declares no num_kv_heads that splits over any of the TP changes {TP_CHANGES}")
-    case.record("tp_changes", [f"{p}->{c} over {total} heads" for p, c, total in changes if total])
     for producer_tp, consumer_tp, total in changes:
         if total is None:
             continue
@@ -531,7 +530,6 @@ def test_handshake_plans_every_rank_pair_as_kvconform_compat_does(case):
     # ratios, and together give each consumer head the right model head exactly once, from a rank
     # that holds it — any replica of a replicated head will do.
     spec = case.spec(case.geometry(kv_cache_dtype=first_fp8(case), num_layers=LAYERS if "L" in case.layout.k_dims else 1), first_fp8(case))
-    judged = 0
     for producer_tp, consumer_tp in HANDSHAKE_TPS:
         for total in HANDSHAKE_HEADS:
             producers, consumers = rank_descriptors(case, spec, total, producer_tp), rank_descriptors(case, spec, total, consumer_tp)
@@ -547,21 +545,12 @@ def test_handshake_plans_every_rank_pair_as_kvconform_compat_does(case):
                     foreign = [s for s in got.plan.slices if s.producer_rank != source]
                     assert_equal("connector", case, [], foreign, f"slices of the plan for {what} that name another producer rank")
                     slices += got.plan.slices
-                    judged += 1
                 problems = R.connector.slice_problems(total, producer_tp, consumer_tp, rank, slices)
                 assert_equal("connector", case, [], problems, f"what consumer rank {rank} of TP {consumer_tp} receives from TP {producer_tp} "
                              f"over {total} KV heads, by the backend's plans")
-    case.record("handshakes_judged", judged)
 
 
 # ----------------------------------------------------------------------------- interop row
-@pytest.fixture
-def peers(request):
-    from .plugin.hooks import RUN
-
-    return interop.peer_endpoints(request.config.stash[RUN].backends)
-
-
 @pytest.mark.kvc_clause("CONN-INTEROP", "CONN-INTEROP-RECEIVE")
 def test_blocks_shipped_to_every_peer_land_as_the_compat_plan_says(case, peers):
     me = interop.Endpoint(case.backend, case.layout)
@@ -575,7 +564,7 @@ def test_blocks_shipped_to_every_peer_land_as_the_compat_plan_says(case, peers):
                 done[key] = interop.evaluate(me, peer, scenario, producer_ranks, case.seed, case.device)
             cells.append({"consumer": peer.label, "consumer_platform": peer.platform, "scenario": scenario.name, **done[key]})
     received = interop.received(me, case.seed, case.device)
-    case.record("interop", {"endpoint": interop.endpoint_record(me, sides), "cells": cells, "received": received})
+    case.facts.interop = {"endpoint": interop.endpoint_record(me, sides), "cells": cells, "received": received}
     failing = [(f"{c['scenario']} → {c['consumer']}", c) for c in cells if c["outcome"] == "fails"]
     failing += [(f"{c['scenario']}: {c['producer']} → {me.label}", c) for c in received if c["outcome"] == "fails"]
     if failing:

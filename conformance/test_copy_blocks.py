@@ -21,11 +21,11 @@ pytestmark = [pytest.mark.copy, pytest.mark.kvc_op("copy")]
 
 def copy_and_compare(case, spec, mapping, note=""):
     arena = case.allocate(spec)
-    expected = arena.snapshot()
+    before, expected = arena.snapshot(), arena.snapshot()
     R.copy_blocks(expected.region, spec.layout, spec.geometry, mapping)
     note_blocks(case, spec, mapping)
     case.backend.copy_blocks(arena.cache, mapping.to(case.device), spec)
-    assert_bytes_equal("copy", case, expected, arena, f"block_mapping {mapping.tolist()}{note}")
+    assert_bytes_equal("copy", case, expected, arena, f"block_mapping {mapping.tolist()}{note}", initial=before)
 
 
 @pytest.mark.kvc_clause("COPY-WHOLE-BLOCK")

@@ -10,7 +10,7 @@ from kvconform.reports.equivalence import compare_entries
 
 from .harness.applicability import RUN, NotApplicable, NotApplicableHere
 from .harness.assertions import ConformanceFailure, describe
-from .harness.equivalence import CASES, digest_record, geometry, golden_key, inputs, load_golden, scales, written_blocks
+from .harness.equivalence import CASES, digest_record, golden_key, inputs, load_golden, scales, written_blocks
 from .harness.ops import synchronize
 
 pytestmark = [pytest.mark.equivalence, pytest.mark.kvc_op("write")]
@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.equivalence, pytest.mark.kvc_op("write")]
 
 def written(case, golden_case):
     """The backend's digest record for one golden case (zero-filled cache, CPU-made inputs)."""
-    g = geometry(golden_case, case.backend.cache_dtype(golden_case.kv_cache_dtype, golden_case.model_dtype))
+    g = golden_case.geometry(case.backend.cache_dtype(golden_case.kv_cache_dtype, golden_case.model_dtype))
     spec = case.spec(g, golden_case.kv_cache_dtype, golden_case.model_dtype)
     arena = case.allocate(spec, zero=True)
     key, value, slots = inputs(golden_case)
@@ -28,7 +28,7 @@ def written(case, golden_case):
     case.backend.write(arena.cache, key.to(dev), value.to(dev), slots.to(dev), spec, k_scale=k_scale.to(dev), v_scale=v_scale.to(dev))
     synchronize(case)
     record = digest_record(arena.region, spec.layout, golden_case, g, fmt)
-    case.record("digest", record)
+    case.facts.digest = record
     return record, arena, spec
 
 

@@ -62,11 +62,11 @@ def test_e1_block_stride_is_twice_the_plane(case):
 @pytest.mark.kvc_clause("SPLIT-WRITE-THROUGH", "SPLIT-ZERO-COPY")
 def test_writes_through_split_views_reach_the_cache(case, cache_dtype):
     spec, arena, views = split_of(case, cache_dtype)
-    expected = arena.snapshot()
+    before, expected = arena.snapshot(), arena.snapshot()
     bits = R.bits_dtype(spec.geometry.dtype)
     for kv, view in enumerate(views):
         pattern = torch.arange(view.numel()).remainder(127).add(64 * kv).view(view.shape).to(bits)
         view.view(bits).copy_(pattern.to(view.device))
         shape, strides, offset = expected_side(spec, view, kv)
         expected.strided(shape, strides, offset // spec.geometry.element_size).copy_(pattern)
-    assert_bytes_equal("split", case, expected, arena, "a write through K/V must be visible in the cache")
+    assert_bytes_equal("split", case, expected, arena, "a write through K/V must be visible in the cache", initial=before)

@@ -19,19 +19,19 @@ pytestmark = [pytest.mark.swap, pytest.mark.kvc_op("swap")]
 def swap_out(case, spec, src_ids, dst_ids):
     device = case.allocate(spec)
     host = case.allocate(spec, host=True, seed_offset=1)
-    expected = host.snapshot()
+    before, expected = host.snapshot(), host.snapshot()
     R.swap_out_blocks_to_host(device.region.cpu(), expected.region, spec.layout, spec.geometry, src_ids, dst_ids)
     note_blocks(case, spec, torch.cat([src_ids, dst_ids]))
     case.backend.swap_out(device.cache, host.cache, src_ids.to(case.device), dst_ids, spec)
-    return device, host, expected
+    return device, host, expected, before
 
 
 @pytest.mark.kvc_clause("SWAP-DIM0", "SWAP-INTACT")
 def test_swap_out_places_each_block_at_its_host_slot(case, cache_dtype):
     spec = case.spec_for(cache_dtype, num_blocks=7)
     src, dst = block_ids(spec.geometry, 3, case.seed), block_ids(spec.geometry, 3, case.seed + 1)
-    _, host, expected = swap_out(case, spec, src, dst)
-    assert_bytes_equal("swap", case, expected, host, f"swap_out {src.tolist()} -> host {dst.tolist()}, {cache_dtype.label}")
+    _, host, expected, before = swap_out(case, spec, src, dst)
+    assert_bytes_equal("swap", case, expected, host, f"swap_out {src.tolist()} -> host {dst.tolist()}, {cache_dtype.label}", initial=before)
 
 
 @pytest.mark.kvc_clause("SWAP-INTACT", "SWAP-DIM0")
@@ -40,19 +40,19 @@ def test_swap_in_restores_blocks_into_other_device_blocks(case):
     src = block_ids(spec.geometry, 3, case.seed)
     parked = block_ids(spec.geometry, 3, case.seed + 1)
     back = torch.tensor([b for b in range(2, 8) if b not in src.tolist()][:3])
-    device, host, _ = swap_out(case, spec, src, parked)
-    expected = device.snapshot()
+    device, host, _, _ = swap_out(case, spec, src, parked)
+    before, expected = device.snapshot(), device.snapshot()
     R.insert_blocks_to_device(host.region.cpu(), expected.region, spec.layout, spec.geometry, parked, back)
     case.backend.swap_in(host.cache, device.cache, parked, back.to(case.device), spec)
-    assert_bytes_equal("swap", case, expected, device, f"insert host {parked.tolist()} -> device {back.tolist()}")
+    assert_bytes_equal("swap", case, expected, device, f"insert host {parked.tolist()} -> device {back.tolist()}", initial=before)
 
 
 @pytest.mark.kvc_clause("SWAP-DIM0")
 def test_swap_of_blocks_0_and_1_moves_blocks_not_planes(case):
     spec = case.spec(case.geometry(num_blocks=5))
     src, dst = torch.tensor([1, 0]), torch.tensor([0, 1])
-    _, host, expected = swap_out(case, spec, src, dst)
-    assert_bytes_equal("swap", case, expected, host, "ids 0/1: a dim-0 copy on a kv-first cache moves whole K/V planes")
+    _, host, expected, before = swap_out(case, spec, src, dst)
+    assert_bytes_equal("swap", case, expected, host, "ids 0/1: a dim-0 copy on a kv-first cache moves whole K/V planes", initial=before)
 
 
 @pytest.mark.kvc_clause("BLOCK-ALL-LAYERS", "SWAP-DIM0", "LAYOUT-E3-LAYERS")
@@ -60,8 +60,8 @@ def test_swap_of_blocks_0_and_1_moves_blocks_not_planes(case):
 def test_swap_out_moves_every_layer_of_a_block(case):
     spec = case.spec(case.geometry(num_blocks=6, num_layers=3))
     src, dst = torch.tensor([2, 5]), torch.tensor([4, 3])
-    _, host, expected = swap_out(case, spec, src, dst)
-    assert_bytes_equal("swap", case, expected, host, f"3 layers: swap_out {src.tolist()} -> host {dst.tolist()}")
+    _, host, expected, before = swap_out(case, spec, src, dst)
+    assert_bytes_equal("swap", case, expected, host, f"3 layers: swap_out {src.tolist()} -> host {dst.tolist()}", initial=before)
 
 
 @pytest.mark.kvc_clause("ADDR-64BIT", "ADDR-BLOCK-ID", "SWAP-DIM0", "SWAP-INTACT")

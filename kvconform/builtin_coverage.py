@@ -16,7 +16,7 @@ from pathlib import Path
 from kvconform.backends_under_test import registry
 from kvconform.reports import coverage as C
 
-from kvconform.conformance.plugin.command import suite_command
+from kvconform.conformance.plugin.collection import suite_command
 
 HOW = ("Runs: every built-in backend with the default quick profile, seed 0, on the CPU, `--kvc-standard e1`; "
        "the built-ins that declare E3 again with `--kvc-standard e3 -m 'shape or split'` (the families whose checks "

@@ -4,9 +4,10 @@
     kvconform report html|merge|matrix …                                      (results JSON → reports)
     kvconform coverage [RUN.json …] [-o FILE]                                 (the coverage table; no runs: the built-ins')
     kvconform certify --backend a[,b] [--out DIR] [-- PYTEST ARGS]            (a certified run and its submission bundle)
-    kvconform verify-submission BUNDLE                                        (re-check a submission bundle)
+    kvconform verify-submission BUNDLE [--rerun N]                            (re-check a submission bundle; rerun N of its tests here)
     kvconform compat PRODUCER.json CONSUMER.json                              (KV-connector handshake check)
     kvconform describe --backend NAME [--layout L] [--tp-size N] … [-o F]     (a backend's layout descriptors)
+    kvconform backends [--all]                                                (the names --backend accepts)
 """
 
 from __future__ import annotations
@@ -47,8 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     certify.add_argument("--out", default="kvconform-submission", help="the bundle directory")
     certify.add_argument("-n", "--workers", default="auto", help="pytest-xdist workers (default: auto)")
     certify.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after '--': extra pytest arguments (e.g. --kvc-standard e3)")
+    listing = sub.add_parser("backends", help="the backend names --backend accepts")
+    listing.add_argument("--all", action="store_true", help="also the seeded-fault backends (mutant:NAME, fault:NAME) kvconform tests itself with")
     verify = sub.add_parser("verify-submission", help="re-check a submission bundle against this kvconform's must-pass list")
     verify.add_argument("bundle")
+    verify.add_argument("--rerun", type=int, default=0, metavar="N",
+                        help="also run N randomly chosen recorded tests on this machine (recorded seed, backend, options) and compare outcomes")
     args = parser.parse_args(argv)
     if args.command == "report":
         return report_cli.run(args)
@@ -57,15 +62,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "certify":
         return certify_run(args.backend, args.out, args.workers, _after_dashes(args.pytest_args))
     if args.command == "verify-submission":
-        return verify_submission(args.bundle)
+        return verify_submission(args.bundle, args.rerun)
     if args.command == "compat":
         return compat.run(args)
+    if args.command == "backends":
+        return list_backends(args.all)
     if args.command == "describe":
         return describe(args)
     from kvconform.isolation import run as run_isolated
 
     extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     return run_isolated([b for b in args.backend.split(",") if b], extra, args.out, args.kvc_timeout, args.jobs)
+
+
+def list_backends(everything: bool) -> int:
+    from kvconform.backends_under_test import registry
+
+    for name, target in sorted(registry.registered().items()):
+        if everything or not name.startswith((registry.MUTANT_PREFIX, registry.FAULT_PREFIX)):
+            print(f"{name:40} {target}")
+    print("vllm:NAME[+shuffle]                      vLLM's own backends (NAME: an AttentionBackendEnum member)")
+    return 0
 
 
 def _after_dashes(extra: list[str]) -> list[str]:
@@ -86,7 +103,7 @@ def coverage_table(runs: list[str], output: str | None) -> int:
         table = C.build(documents)
         text = C.render_markdown(table, how=f"From {', '.join(runs)}.")
     else:
-        from kvconform.conformance import builtin_coverage
+        from kvconform import builtin_coverage
 
         documents = builtin_coverage.run_all()
         table = C.build(documents)
@@ -104,26 +121,44 @@ def coverage_table(runs: list[str], output: str | None) -> int:
 def certify_run(backend: str, out: str, workers: str, extra: list[str]) -> int:
     import subprocess
 
-    from kvconform.conformance.plugin.command import suite_command
+    from kvconform.conformance.plugin.collection import suite_command
 
     status = subprocess.run(suite_command("--kvc-backend", backend, "--kvc-certify", out, "-n", workers, *extra)).returncode
     return status if status else verify_submission(out)
 
 
-def verify_submission(bundle: str) -> int:
+def verify_submission(bundle: str, rerun: int = 0) -> int:
+    """Re-check a bundle against this suite version: its files, what this suite collects for
+    its backends (recomputed here), and with ``rerun`` N of its tests executed here again."""
     import os
 
-    from kvconform.conformance.plugin.must_pass import must_pass
+    from kvconform import receiver
+    from kvconform.conformance.plugin.collection import must_pass
     from kvconform.reports import submission
+    from kvconform.reports.terminal import printable
 
-    problems = submission.verify(bundle, must_pass())
+    if rerun < 0:
+        print(f"kvconform verify-submission: --rerun {rerun}: expected a count of tests (0 or more)", file=sys.stderr)
+        return 2
+    problems = submission.verify(bundle, must_pass(), collect=receiver.collect)
+    lines = []
+    if not problems and rerun:
+        document = json.loads(open(os.path.join(bundle, "results.json"), encoding="utf-8").read())
+        collected = receiver.collect(sorted(document["environment"]["backends"]), document["environment"]["standard"])
+        try:
+            lines, problems = receiver.rerun(bundle, document, rerun, collected)
+        except receiver.ReceiverError as exc:
+            problems = [f"--rerun: {exc}"]
+    for line in lines:
+        print(printable(f"  {line}"))
     if problems:
-        print(f"kvconform: REFUSED {bundle}: {len(problems)} problems")
+        print(printable(f"kvconform: REFUSED {bundle}: {len(problems)} problems"))
         for problem in problems:
-            print(f"  {problem}")
+            print(printable(f"  {problem}"))
         return 1
     checksum = submission.sha256_file(os.path.join(bundle, submission.SUMS))
-    print(f"kvconform: ACCEPTED {bundle} (sha256 of {submission.SUMS} {checksum})")
+    reran = f"; {len(lines)} recorded tests rerun here agree" if lines else ""
+    print(printable(f"kvconform: ACCEPTED {bundle} (sha256 of {submission.SUMS} {checksum}{reran})"))
     return 0
 
 

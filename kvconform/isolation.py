@@ -25,7 +25,7 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
-from kvconform.conformance.plugin.command import suite_command
+from kvconform.conformance.plugin.collection import suite_command
 
 HARNESS_ERROR = 3  # exit status of `kvconform run` when the suite itself could not start
 STARTUP_FAILURES = {2: "interrupted", 3: "internal error", 4: "usage error"}  # pytest exit codes

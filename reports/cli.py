@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from . import completion
+from . import results
 from .html import render_runs
 from .matrix import SchemaError, check_schema, column_of
 from .results import SCHEMA, read_json, write_atomically
@@ -43,7 +43,7 @@ def merged_document(documents: list[dict]) -> dict:
     """One results document holding every run's records (environments kept per run)."""
     return {
         "schema": SCHEMA, "merged_from": [d["environment"] for d in documents],
-        "environment": documents[0]["environment"], "completion": completion.merged(documents), "stale_expectations": [],
+        "environment": documents[0]["environment"], "completion": results.merged(documents), "stale_expectations": [],
         "tests": [record for d in documents for record in d["tests"]],
     }
 

@@ -17,6 +17,7 @@ import dataclasses
 from collections import Counter, defaultdict
 
 from .matrix import column_of
+from .results import NOT_RUN
 
 # Size classes: properties of a cache's geometry, and of the addresses an op touched.
 GEOMETRY_CLASSES = ("h=1", "h=2", "h!=2^k", "d!=2^k", "n!=2^k")
@@ -47,7 +48,6 @@ NEEDS = {
     "copy": Need(cache_dtypes=True, sizes=LAYER_CLASSES + ADDRESS_CLASSES),
     "read": Need(cache_dtypes=True, sizes=SIZE_CLASSES),
 }
-NOT_RUN = frozenset({"not-applicable", "skipped"})
 
 
 def is_power_of_two(n: int) -> bool:

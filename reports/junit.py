@@ -16,19 +16,45 @@ The test suite gets a ``kvc_completion`` property (JSON) and one test case
 ``kvconform.run / completion`` that passes only when the run completed: an interrupted or
 crashed run makes it an ``<error>``, a filtered one a ``<skipped>`` — a partial run is never
 all green on a dashboard.
+
+Every attribute and text is XML 1.0 that any parser reads: a character XML forbids (ESC from a
+backend's exception, NUL, a lone surrogate) is written as pytest writes it, ``#x1B``
+(:func:`xml_safe_text`); pytest's test ids so escaped still find their records.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 
-from . import completion
+from . import results
 
 PROPERTIES = ("test_id", "backend", "family", "check", "platform", "arch", "run_platform", "layout", "geometry",
               "kv_cache_dtype", "model_dtype", "seed", "repro", "message", "not_applicable", "failure", "raised")
 RESULT_TAGS = ("failure", "error", "skipped")
+CARRIED = "kvconform"  # the record the plugin carries across xdist in each report: not a property of the JUnit file
 FILTER_ONLY = {"filtered", "no-tests"}
+# Characters XML 1.0 cannot hold, not even as references (the W3C Char production), and DEL:
+# the set pytest's own JUnit writer escapes, the way it escapes them (``#x1B``).
+_NOT_XML = re.compile("[^\t\n\r\x20-\x7e\x80-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def xml_safe_text(value: str) -> str:
+    """``value`` with each character XML 1.0 forbids written visibly, as pytest writes them
+    (ESC as ``#x1B``): a JUnit file any parser reads."""
+    return _NOT_XML.sub(lambda m: f"#x{ord(m.group()):02X}" if ord(m.group()) <= 0xFF else f"#x{ord(m.group()):04X}", value)
+
+
+def _xml_safe(root: ET.Element) -> None:
+    """Every text, tail and attribute of the tree made XML 1.0 (see :func:`xml_safe_text`)."""
+    for element in root.iter():
+        if element.text:
+            element.text = xml_safe_text(element.text)
+        if element.tail:
+            element.tail = xml_safe_text(element.tail)
+        for name, value in element.attrib.items():
+            element.set(name, xml_safe_text(value))
 
 
 def _verdict_words(record: dict) -> str:
@@ -61,7 +87,7 @@ def _annotate_case(case: ET.Element, record: dict) -> None:
     case.set("classname", f"kvconform.{record.get('family') or 'other'}")
     properties = _properties(record)
     for old in case.findall("properties"):  # pytest's str() copies of ours give way; others' properties stay
-        properties.extend(p for p in old.findall("property") if p.get("name") not in PROPERTIES)
+        properties.extend(p for p in old.findall("property") if p.get("name") not in (*PROPERTIES, CARRIED))
         case.remove(old)
     case.insert(0, properties)
     words = _verdict_words(record)
@@ -79,12 +105,12 @@ def _annotate_case(case: ET.Element, record: dict) -> None:
 def _completion_case(document: dict) -> ET.Element:
     case = ET.Element("testcase", classname="kvconform.run", name="completion", time="0")
     properties = ET.SubElement(case, "properties")
-    ET.SubElement(properties, "property", name="kvc_completion", value=json.dumps(completion.of(document), sort_keys=True))
-    headline = completion.headline(document)
+    ET.SubElement(properties, "property", name="kvc_completion", value=json.dumps(results.of(document), sort_keys=True))
+    headline = results.headline(document)
     if headline:
-        kinds = {r["kind"] for r in completion.of(document).get("reasons", [])}
+        kinds = {r["kind"] for r in results.of(document).get("reasons", [])}
         tag = "skipped" if kinds <= FILTER_ONLY else "error"
-        ET.SubElement(case, tag, type="kvconform.partial-run", message=headline).text = completion.reasons_text(document)
+        ET.SubElement(case, tag, type="kvconform.partial-run", message=headline).text = results.reasons_text(document)
     return case
 
 
@@ -92,6 +118,7 @@ def annotate(xml_text: str, document: dict) -> str:
     """pytest's JUnit XML with each kvconform test case's verdict made explicit (see above)."""
     root = ET.fromstring(xml_text)
     records = {r["nodeid"]: r for r in document["tests"]}
+    records.update({xml_safe_text(nodeid): r for nodeid, r in records.items()})  # as pytest wrote a test id with ESC in it
     for suite in root.iter("testsuite"):
         for case in suite.findall("testcase"):
             test_id = next((p.get("value") for p in case.iter("property") if p.get("name") == "test_id"), None)
@@ -101,10 +128,11 @@ def annotate(xml_text: str, document: dict) -> str:
         if properties is None:
             properties = ET.Element("properties")
             suite.insert(0, properties)
-        ET.SubElement(properties, "property", name="kvc_completion", value=json.dumps(completion.of(document), sort_keys=True))
+        ET.SubElement(properties, "property", name="kvc_completion", value=json.dumps(results.of(document), sort_keys=True))
         suite.append(_completion_case(document))
         cases = suite.findall("testcase")
         suite.set("tests", str(len(cases)))
         for tag, attribute in (("failure", "failures"), ("error", "errors"), ("skipped", "skipped")):
             suite.set(attribute, str(sum(1 for c in cases if c.find(tag) is not None)))
+    _xml_safe(root)
     return '<?xml version="1.0" encoding="utf-8"?>' + ET.tostring(root, encoding="unicode")

@@ -11,20 +11,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .results import FAILING
-
-DID_NOT_RUN = ("not-applicable", "skipped")
+from .results import FAILING, NOT_RUN, backend_facts
 
 
 def mutant_facts(documents: list[dict]) -> dict[str, dict]:
     """Backend name → its ``mutant`` facts, for every backend of these runs that is a mutant."""
-    facts = {}
-    for document in documents:
-        for env in [document["environment"], *document.get("merged_from", [])]:
-            for name, info in env.get("backends", {}).items():
-                if isinstance(info, dict) and info.get("mutant"):
-                    facts[name] = info["mutant"]
-    return facts
+    return {name: info["mutant"] for name, info in backend_facts(documents) if info.get("mutant")}
 
 
 def kill_rates(documents: list[dict]) -> tuple[list[dict], dict[str, tuple[int, int]]]:
@@ -37,7 +29,7 @@ def kill_rates(documents: list[dict]) -> tuple[list[dict], dict[str, tuple[int, 
         for record in document["tests"]:
             if record["backend"] in facts:
                 present.add(record["backend"])
-                if record["outcome"] not in DID_NOT_RUN:
+                if record["outcome"] not in NOT_RUN:
                     ran[record["backend"]].add(record["family"])
                 if record["outcome"] in FAILING:
                     failing[record["backend"]].add(record["family"])

@@ -1,21 +1,185 @@
-"""The results document: schema, outcomes, and reading/writing it safely.
+"""The results document: its schema, the outcomes, the typed record of one test, and reading
+and writing it safely.
 
-The JSON schema is documented in docs/RESULTS_SCHEMA.md (``kvconform-results/1``); the pytest
-plugin's recorder (kvconform.conformance.plugin.recorder) writes it, everything in this package reads it.
+The JSON schema (docs/RESULTS_SCHEMA.md, ``kvconform-results/1``) is *derived* from
+:class:`TestRecord`: the plugin fills one record per test and writes ``asdict`` of it, and
+:func:`record_schema` turns the dataclass's fields into a JSON Schema that the tests hold
+documents to. Everything in this package reads the document; only the plugin writes it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import os
+import stat
+import types
+import typing
+from collections import Counter
+
+from kvconform.reference.errors import InputError
 
 SCHEMA = "kvconform-results/1"
-OUTCOMES = (
-    "passed", "failed", "error", "crashed", "timeout", "not-applicable",
-    "expected-failure", "unexpected-pass", "skipped",
-)
-FAILING = frozenset({"failed", "error", "crashed", "timeout"})
+
+# The outcomes, worst first: a matrix cell shows the worst outcome among its tests.
+CRASHED, TIMEOUT, ERROR, FAILED = "crashed", "timeout", "error", "failed"
+UNEXPECTED_PASS, EXPECTED_FAILURE, SKIPPED = "unexpected-pass", "expected-failure", "skipped"
+NOT_APPLICABLE, PASSED = "not-applicable", "passed"
+SEVERITY = (CRASHED, TIMEOUT, ERROR, FAILED, UNEXPECTED_PASS, EXPECTED_FAILURE, SKIPPED, NOT_APPLICABLE, PASSED)
+OUTCOMES = SEVERITY
+FAILING = frozenset({FAILED, ERROR, CRASHED, TIMEOUT})  # a new failure: the run fails
+NOT_RUN = frozenset({NOT_APPLICABLE, SKIPPED})  # no verdict on the backend's bytes
+# How every output names an outcome, in the order counts are listed.
+WORDS = {PASSED: "passed", FAILED: "failed", ERROR: "error", CRASHED: "crashed", TIMEOUT: "timeout",
+         EXPECTED_FAILURE: "known failure", UNEXPECTED_PASS: "unexpected pass", NOT_APPLICABLE: "not applicable",
+         SKIPPED: "skipped by expectations"}
+
+
+@dataclasses.dataclass
+class TestRecord:
+    """Everything the reports know of one test (one entry of the document's ``tests``)."""
+
+    __test__ = False  # not a pytest test class
+
+    nodeid: str  # conformance/<file>::<test>[<params>]: the same however the suite was started
+    backend: str
+    platform: str  # what the backend declares (cpu, cuda, rocm)
+    arch: str
+    family: str  # the check family (pytest marker)
+    check: str  # the test function
+    repro: str  # a shell line that re-runs exactly this test
+    clauses: list[str]  # docs/SPEC.md clause ids the check verifies
+    seed: int
+    run_platform: str | None  # where it ran (cpu, cuda-sm90, rocm-gfx942)
+    outcome: str  # one of OUTCOMES
+    duration_s: float = 0.0
+    message: str = ""  # the check's own message (Hypothesis' notes are in hypothesis_draw)
+    layout: str | None = None  # of the last cache the test built
+    geometry: str | None = None
+    kv_cache_dtype: str | None = None
+    model_dtype: str | None = None
+    exercised: list[dict] | None = None  # one entry per cache built (kvconform.conformance.harness.exercised)
+    not_applicable: dict | None = None  # {kind, who, what} when the outcome is not-applicable
+    failure: dict | None = None  # {property, differing_elements, mismatches, byte_map, diagnosis} of a failed assertion
+    raised: str | None = None  # the exception type when the backend raised (outcome error)
+    hypothesis_draw: str | None = None  # Hypothesis' notes on a failing example
+    digest: dict | None = None  # equivalence family: the golden case's digests
+    interop: dict | None = None  # connector family: one producer row of the interop table
+    examples_not_applicable: dict | None = None  # cases of this test that could not run here, counted by reason
+    block_sizes: list[int] | None = None  # a fixed check run at several block sizes: those that ran
+
+    def as_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(TestRecord))
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object", type(None): "null"}
+
+
+def record_schema() -> dict:
+    """A JSON Schema of one ``tests`` entry, from :class:`TestRecord`'s field types."""
+    hints = typing.get_type_hints(TestRecord)
+    properties = {}
+    for name in FIELDS:
+        hint = hints[name]
+        kinds = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        names = sorted({_JSON_TYPES[typing.get_origin(k) or k] for k in kinds})
+        properties[name] = {"type": names[0] if len(names) == 1 else names}
+    properties["outcome"]["enum"] = list(OUTCOMES)
+    required = [f.name for f in dataclasses.fields(TestRecord) if f.default is dataclasses.MISSING]
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+
+
+# ----------------------------------------------------------------------------- completion and the run's verdict
+# Whether a run reached a verdict on everything it was asked for — the document's ``completion``
+# object — and the one wording every output uses for it. A run is complete when every check it
+# selected for its backends has a verdict and nothing narrowed that selection: no -m/-k/--deselect/
+# test-id arguments, no interruption, -x/--maxfail stop, internal or collection error, and a
+# requested --kvc-compare-digests that compared something. Which backends a run covers is its
+# *scope*, not a filter: a vendor run of --backend acme that ran every check for acme is complete.
+
+UNKNOWN = {"complete": False, "reasons": [{"kind": "unknown", "what": "the results file does not say whether its run completed"}]}
+
+
+def of(document: dict) -> dict:
+    """The document's completion; a document that does not say is never taken as complete."""
+    return document.get("completion") or UNKNOWN
+
+
+def is_complete(document: dict) -> bool:
+    return of(document).get("complete") is True
+
+
+def reasons_text(document: dict) -> str:
+    """``interrupted (…); filtered (…)`` — why the run is partial ('' when complete)."""
+    return "; ".join(f"{r['kind']}: {r['what']}" for r in of(document).get("reasons", []))
+
+
+def headline(document: dict) -> str | None:
+    """The warning a partial run carries at the top of every output; None when complete."""
+    if is_complete(document):
+        return None
+    c = of(document)
+    counted = ""
+    if c.get("selected") is not None:
+        counted = f" — {c.get('recorded', 0)} of {c['selected']} selected tests have a verdict"
+    return f"PARTIAL RUN ({reasons_text(document)}){counted}; the checks it did not run are not in this report"
+
+
+def merged(documents: list[dict]) -> dict:
+    """Completion of several runs shown together: complete only when every run is."""
+    reasons = []
+    for number, document in enumerate(documents, start=1):
+        reasons += [{**reason, "what": f"run {number}: {reason['what']}"} for reason in of(document).get("reasons", [])]
+    return {"complete": all(is_complete(d) for d in documents), "reasons": reasons}
+
+
+CONFORMS, DOES_NOT_CONFORM, PARTIAL = "CONFORMS", "DOES NOT CONFORM", "PARTIAL RUN"
+
+
+def verdict(documents: list[dict]) -> tuple[str, str]:
+    """The run's verdict as a vendor's CI states it, and what decided it: ``(word, why)``.
+
+    PARTIAL RUN when a run did not complete (its checks are not all in); otherwise DOES NOT
+    CONFORM when any test failed, errored, crashed or timed out (a new failure: not in the
+    expectations), else CONFORMS — known failures, unexpected passes and stale entries named."""
+    counts = Counter(r["outcome"] for d in documents for r in d["tests"])
+    stale = sum(len(d.get("stale_expectations") or []) for d in documents)
+    statuses = sorted({of(d).get("exit_status") for d in documents if of(d).get("exit_status") is not None})
+    new = sum(counts[o] for o in FAILING)
+    why = [f"{new} new failure{'s' if new != 1 else ''}", f"{counts[EXPECTED_FAILURE]} known", f"{counts[UNEXPECTED_PASS]} unexpected pass{'es' if counts[UNEXPECTED_PASS] != 1 else ''}",
+           f"{stale} stale expectation{'s' if stale != 1 else ''}"]
+    if statuses:
+        why.append(f"exit status {', '.join(map(str, statuses))}")
+    together = documents[0] if len(documents) == 1 else {"completion": merged(documents)}
+    if not is_complete(together):
+        word = PARTIAL
+        why.insert(0, reasons_text(together))
+    elif new or any(r["kind"] == "nothing-compared" for d in documents for r in of(d).get("reasons", [])):
+        word = DOES_NOT_CONFORM
+    else:
+        word = CONFORMS
+    return word, "; ".join(why)
+
+
+def counts_text(records) -> str:
+    """Every outcome that occurs, counted, in one order; the counts add up to the records."""
+    counts = Counter(r["outcome"] for r in records)
+    order = ("passed", *[o for o in SEVERITY if o != "passed"])
+    return " · ".join(f"{counts[o]} {WORDS[o]}" for o in order if counts[o]) or "no results"
+
+
+def backend_facts(documents: list[dict]):
+    """(name, facts) of every backend the runs' environments describe (merged runs' too)."""
+    for document in documents:
+        for env in [document["environment"], *document.get("merged_from", [])]:
+            yield from ((name, info) for name, info in env.get("backends", {}).items() if isinstance(info, dict))
+
+
+def any_mutant(documents: list[dict]) -> bool:
+    """Whether a seeded-fault backend is among the runs' (their reports add the kill-rate table)."""
+    return any(info.get("mutant") for _, info in backend_facts(documents))
 
 
 def package_version(name: str) -> str | None:
@@ -25,19 +189,65 @@ def package_version(name: str) -> str | None:
         return None
 
 
+READ_LIMIT = 1 << 30  # bytes of one input file read at most: 1 GiB (a results file of many backends is tens of MiB)
+
+
+def read_text(path: str, what: str, error: type[Exception], limit: int | None = None) -> str:
+    """The UTF-8 text of a regular file of at most ``limit`` bytes, or ``error`` naming the file
+    and what it should have been: a device, FIFO or directory is never read (``/dev/zero`` would
+    never end), nor a file past the limit (default :data:`READ_LIMIT`)."""
+    limit = READ_LIMIT if limit is None else limit
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO opened so does not wait for a writer
+        with open(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise error(f"{path}: not a regular file; expected a {what}")
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what} ({exc.strerror or exc})") from exc
+    if len(data) > limit:
+        raise error(f"{path}: larger than {limit} bytes; expected a {what}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text (byte {exc.start}); expected a {what}") from exc
+
+
 def read_json(path: str, what: str, error: type[Exception]) -> dict:
     """Load a JSON file or raise ``error`` naming the file and what it should have been."""
+    text = read_text(path, what, error)
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise error(f"{path}: not a readable {what} ({exc})") from exc
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise error(f"{path}: not a readable {what} ({'nested too deeply' if isinstance(exc, RecursionError) else exc})") from exc
 
 
 def write_atomically(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and rename: readers never see half a file."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    """Write ``text`` to ``path`` via a temporary file and rename: readers never see half a file.
+
+    A symbolic link is written through (the link stays, its target is replaced), the file keeps
+    its permission bits, and the text is written as given (``\r\n`` stays). Anything but a regular
+    file (a device, a FIFO) is refused: kvconform replaces only files."""
+    target = os.path.realpath(path)
+    directory = os.path.dirname(target)
+    os.makedirs(directory, exist_ok=True)
+    try:
+        existing = os.stat(target)
+    except FileNotFoundError:
+        existing = None
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        raise InputError(f"{path}: not a regular file; kvconform writes only regular files")
+    tmp = os.path.join(directory, f".{os.path.basename(target)}.tmp-{os.getpid()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # the umask applies, as for a new file
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+        if existing is not None:
+            os.chmod(tmp, stat.S_IMODE(existing.st_mode))
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

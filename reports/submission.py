@@ -30,11 +30,14 @@ import platform
 import sys
 
 from . import coverage as C
-from .results import SCHEMA, package_version, write_atomically
+from kvconform.reference.errors import InputError
+
+from .results import SCHEMA, package_version, read_text, write_atomically
 
 BUNDLE_SCHEMA = "kvconform-submission/1"
 PROFILE, SEED = "full", 0  # what a certified run is pinned to
 SUMS = "SHA256SUMS"
+SIGNATURE = "SHA256SUMS.sig"  # optional: a detached Ed25519 signature over SHA256SUMS (kvconform.signing)
 FILES = ("manifest.json", "results.json", "environment.json", "capabilities.json", "coverage.json", "COVERAGE.md",
          "digests.json", "collected.txt", "must_pass.txt")
 DIGEST_SCHEMA = "kvconform-digests/1"
@@ -135,13 +138,59 @@ def coverage_data(table: C.Coverage) -> dict:
 
 
 # ----------------------------------------------------------------------------- verification
+BUNDLE_LIMIT = 1 << 30  # bytes of one bundle file read at most
+
+
 def _read(directory: str, name: str):
-    with open(os.path.join(directory, name), encoding="utf-8") as fh:
-        return json.load(fh) if name.endswith(".json") else fh.read()
+    """A bundle file's content (JSON parsed); :class:`InputError` naming the file otherwise."""
+    text = read_text(os.path.join(directory, name), f"bundle file {name} (UTF-8)", InputError, BUNDLE_LIMIT)
+    if not name.endswith(".json"):
+        return text
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"{name}: not JSON ({exc if isinstance(exc, ValueError) else 'nested too deeply'})") from exc
 
 
-def verify(directory: str, must_pass: list[str], suite_version: str | None = None) -> list[str]:
-    """Everything wrong with a bundle (empty: it is accepted). ``must_pass``: this suite's checks."""
+RECORD_TEXT = ("nodeid", "backend", "outcome")
+
+
+def shape_problems(readable: dict) -> list[str]:
+    """What in the bundle's JSON files is not of the shape the checks read (empty: all is)."""
+    problems = []
+    manifest, document = readable.get("manifest.json"), readable.get("results.json")
+    if "manifest.json" in readable and not isinstance(manifest, dict):
+        problems.append(f"manifest.json: expected a JSON object, got {type(manifest).__name__}")
+    if "results.json" not in readable:
+        return problems
+    if not isinstance(document, dict):
+        return problems + [f"results.json: expected a {SCHEMA} object, got {type(document).__name__}"]
+    if document.get("schema") != SCHEMA:
+        return problems + [f"results.json: schema {document.get('schema')!r}, expected {SCHEMA!r}"]
+    environment, tests = document.get("environment"), document.get("tests")
+    if not isinstance(environment, dict) or not isinstance(environment.get("backends"), dict) \
+            or not all(isinstance(facts, dict) for facts in environment["backends"].values()):
+        problems.append("results.json: environment must be an object whose backends is an object of objects")
+    if not isinstance(tests, list):
+        return problems + [f"results.json: tests must be a list of records, got {type(tests).__name__}"]
+    bad = [f"record {i}: expected an object with string {', '.join(RECORD_TEXT)}" for i, r in enumerate(tests)
+           if not (isinstance(r, dict) and all(isinstance(r.get(k), str) for k in RECORD_TEXT)
+                   and isinstance(r.get("not_applicable") or {}, dict))]
+    problems += [f"results.json: {p}" for p in bad[:SHOWN]] + ([f"results.json: … {len(bad) - SHOWN} more"] if len(bad) > SHOWN else [])
+    if not isinstance(document.get("completion", {}), (dict, type(None))):
+        problems.append("results.json: completion must be an object")
+    for name in ("capabilities.json", "coverage.json", "digests.json"):
+        if name in readable and not isinstance(readable[name], dict):
+            problems.append(f"{name}: expected a JSON object, got {type(readable[name]).__name__}")
+    return problems
+
+
+def verify(directory: str, must_pass: list[str], suite_version: str | None = None, collect=None) -> list[str]:
+    """Everything wrong with a bundle (empty: it is accepted). ``must_pass``: this suite's checks.
+
+    ``collect(backends, standard) -> test ids``: what this suite version collects for the
+    bundle's backends (kvconform.receiver.collect, which runs the suite's collection here); the
+    bundle's collected.txt must equal it. Without it the bundle's own list is taken as given."""
     suite_version = suite_version or package_version("kvconform") or "unknown"
     if not os.path.isdir(directory):
         return [f"{directory}: not a bundle directory"]
@@ -150,33 +199,60 @@ def verify(directory: str, must_pass: list[str], suite_version: str | None = Non
     for name in FILES:
         try:
             readable[name] = _read(directory, name)
-        except (OSError, json.JSONDecodeError) as exc:
+        except InputError as exc:
             problems.append(f"unreadable: {name} ({exc})")
     if any(name not in readable for name in ("manifest.json", "results.json")):
         return problems
+    shape = shape_problems(readable)
+    if shape:
+        return problems + shape
     manifest, document = readable["manifest.json"], readable["results.json"]
     if manifest.get("schema") != BUNDLE_SCHEMA:
         problems.append(f"manifest.json: schema {manifest.get('schema')!r} is not {BUNDLE_SCHEMA!r}")
     if manifest.get("suite_version") != suite_version:
         problems.append(f"manifest.json: bundle from kvconform {manifest.get('suite_version')}; this is {suite_version} (verify with the same version)")
-    if document.get("schema") != SCHEMA or "tests" not in document or "environment" not in document:
-        return problems + [f"results.json: not a {SCHEMA} document"]
     environment = document["environment"]
     if (environment.get("profile"), environment.get("seed")) != (PROFILE, SEED):
         problems.append(f"results.json: profile {environment.get('profile')!r} seed {environment.get('seed')!r}; a certified run uses profile {PROFILE!r} seed {SEED}")
+    if manifest.get("backends") != sorted(environment["backends"]):
+        problems.append(f"manifest.json: backends {manifest.get('backends')!r} are not the results' {sorted(environment['backends'])}")
     collected = readable.get("collected.txt", "").split()
-    problems += certification_problems(document, collected)
+    try:
+        problems += _content_problems(readable, document, collected, must_pass, collect)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:  # a field of a shape no check reads
+        problems.append(f"results.json: a record or file does not have the fields a {SCHEMA} document has ({type(exc).__name__}: {exc})")
+    return problems
+
+
+def _content_problems(readable: dict, document: dict, collected: list[str], must_pass: list[str], collect) -> list[str]:
+    problems = certification_problems(document, collected)
     problems += _shown("collected.txt", [f"record of a test the run did not collect: {r['nodeid']}" for r in document["tests"] if r["nodeid"] not in set(collected)])
+    if collect is not None:
+        problems += _collection_problems(collected, document, collect)
     problems += _must_pass_problems(document, readable.get("must_pass.txt", "").split(), must_pass)
     problems += _derived_problems(readable, document)
     return problems
 
 
+def _collection_problems(collected: list[str], document: dict, collect) -> list[str]:
+    """The bundle's collected tests against what this suite version collects for its backends."""
+    backends, standard = sorted(document["environment"]["backends"]), document["environment"].get("standard")
+    try:
+        expected = set(collect(backends, standard))
+    except InputError as exc:
+        return [f"cannot recompute what this suite collects: {exc}"]
+    bundled = set(collected)
+    return (_shown("not in the bundle", [f"this suite collects {test_id} for the declared backends; collected.txt does not list it"
+                                         for test_id in sorted(expected - bundled)])
+            + _shown("not collected here", [f"collected.txt lists {test_id}, which this suite does not collect for the declared backends"
+                                            for test_id in sorted(bundled - expected)]))
+
+
 def _checksum_problems(directory: str) -> list[str]:
     try:
         lines = _read(directory, SUMS).splitlines()
-    except OSError:
-        return [f"missing file: {SUMS}"]
+    except InputError as exc:
+        return [f"missing or unreadable file: {SUMS} ({exc})"]
     listed = {}
     for line in lines:
         digest, _, name = line.partition("  ")
@@ -184,11 +260,13 @@ def _checksum_problems(directory: str) -> list[str]:
     problems = [f"missing from {SUMS}: {name}" for name in FILES if name not in listed]
     for name, digest in sorted(listed.items()):
         path = os.path.join(directory, name)
-        if not os.path.isfile(path):
+        if name not in FILES or os.path.basename(name) != name:
+            problems.append(f"{SUMS} lists {name!r}, which is not a bundle file")
+        elif not os.path.isfile(path):
             problems.append(f"missing file: {name}")
         elif sha256_file(path) != digest:
             problems.append(f"checksum mismatch: {name} (the file was changed after certification)")
-    problems += [f"file not in {SUMS}: {name}" for name in sorted(os.listdir(directory)) if name not in listed and name != SUMS]
+    problems += [f"file not in {SUMS}: {name}" for name in sorted(os.listdir(directory)) if name not in listed and name not in (SUMS, SIGNATURE)]
     return problems
 
 
@@ -203,13 +281,23 @@ def _must_pass_problems(document: dict, bundled: list[str], must_pass: list[str]
 
 
 def _derived_problems(readable: dict, document: dict) -> list[str]:
-    """The files derived from the results must say what the results say."""
+    """The files derived from the results must say what the results say (COVERAGE.md rendered
+    again from them, with the manifest's command)."""
     environment = document["environment"]
     expected = {
         "capabilities.json": {name: facts.get("declared") for name, facts in environment["backends"].items()},
         "coverage.json": json.loads(_dump(coverage_data(C.build([document])))),
     }
     problems = [f"{name} does not match results.json" for name, data in expected.items() if name in readable and readable[name] != data]
+    command = readable["manifest.json"].get("command")
+    line = command.get("line") if isinstance(command, dict) else None
+    if not isinstance(line, str):
+        problems.append("manifest.json: command has no line (the command the certified run ran)")
+    elif "COVERAGE.md" in readable and readable["COVERAGE.md"] != C.render_markdown(C.build([document]), how=f"A certified run ({line})."):
+        problems.append("COVERAGE.md does not match results.json")
+    machine = readable.get("environment.json")
+    if machine is not None and (not isinstance(machine, dict) or any(machine.get(k) != v for k, v in environment.items())):
+        problems.append("environment.json does not match the environment in results.json")
     digests = readable.get("digests.json")
     if digests is not None and (digests.get("schema") != DIGEST_SCHEMA or digests.get("entries") != json.loads(_dump(digest_entries(document)))):
         problems.append("digests.json does not match the digests in results.json")

@@ -1,4 +1,9 @@
-"""SVG picture of one block: where each (kv, slot, head) row should be vs what the backend put there."""
+"""SVG picture of one block: where each (kv, slot, head) row should be vs what the backend put there.
+
+Every value comes from a results file, which may come from anyone: each is escaped where it is
+written (text and attributes alike), and a field of the wrong type draws as "no logical row"
+rather than raising.
+"""
 
 from __future__ import annotations
 
@@ -11,34 +16,54 @@ FOREIGN = "#bab0ac"  # bytes that belong to no logical row (garbage, sentinel, a
 CELL, GAP, PER_LINE = 14, 2, 32
 
 
+def _text(value) -> str:
+    """A field as SVG text or attribute value: escaped, quotes too."""
+    return escape(str(value), quote=True)
+
+
+def _row(value) -> tuple | None:
+    """A [kv, slot, head] triple, or None when the field is not one."""
+    if isinstance(value, (list, tuple)) and len(value) == 3 and value[0] in (0, 1) and type(value[0]) is int:
+        return tuple(value)
+    return None
+
+
 def _label(row, block=None) -> str:
     if row is None:
         return "no logical row"
+    block = block if isinstance(block, (list, tuple)) and len(block) == 2 else None
     return f"{'KV'[row[0]]} slot {row[1]} head {row[2]}" + (f" of layer {block[0]} block {block[1]}" if block else "")
 
 
 def byte_map_svg(data: dict) -> Markup:
     """Two strips of cells in physical order: expected owner (top) and actual owner (bottom)."""
-    cells = data["cells"]
+    cells = data.get("cells") if isinstance(data, dict) else None
+    if not isinstance(cells, list):
+        return Markup("")
+    cells = [cell for cell in cells if isinstance(cell, dict)]
+    layer, block = _text(data.get("layer")), _text(data.get("block"))
     lines = -(-len(cells) // PER_LINE)
     panel_h = lines * (CELL + GAP)
     width = PER_LINE * (CELL + GAP) + 10
     height = 2 * panel_h + 80
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="byte-map" width="{width}" height="{height}" role="img" '
-        f'aria-label="byte map of layer {data["layer"]} block {data["block"]}">',
-        f'<text x="0" y="12" font-size="12">expected: each row where the spec puts it (layer {data["layer"]}, block {data["block"]})</text>',
+        f'aria-label="byte map of layer {layer} block {block}">',
+        f'<text x="0" y="12" font-size="12">expected: each row where the spec puts it (layer {layer}, block {block})</text>',
         f'<text x="0" y="{panel_h + 42}" font-size="12">actual: whose bytes the backend left there (red outline = differs)</text>',
     ]
     for i, cell in enumerate(cells):
         x = (i % PER_LINE) * (CELL + GAP)
         y = (i // PER_LINE) * (CELL + GAP)
-        expected_row, actual_row = cell["row"], (cell["row"] if cell["ok"] else cell["actual"])
-        moved_from = None if cell["ok"] else cell.get("actual_block")
-        tip = escape(f"element offset {cell['offset']}: expected {_label(expected_row)}; actual {_label(actual_row, moved_from)}")
-        parts.append(f'<rect x="{x}" y="{y + 18}" width="{CELL}" height="{CELL}" fill="{KV_COLOR[expected_row[0]]}"><title>{tip}</title></rect>')
+        ok = cell.get("ok") is True
+        expected_row = _row(cell.get("row"))
+        actual_row = expected_row if ok else _row(cell.get("actual"))
+        moved_from = None if ok else cell.get("actual_block")
+        tip = _text(f"element offset {cell.get('offset')}: expected {_label(expected_row)}; actual {_label(actual_row, moved_from)}")
+        expected_fill = FOREIGN if expected_row is None else KV_COLOR[expected_row[0]]
+        parts.append(f'<rect x="{x}" y="{y + 18}" width="{CELL}" height="{CELL}" fill="{expected_fill}"><title>{tip}</title></rect>')
         fill = FOREIGN if actual_row is None else KV_COLOR[actual_row[0]]
-        stroke = "" if cell["ok"] else ' stroke="#d62728" stroke-width="2.5"'
+        stroke = "" if ok else ' stroke="#d62728" stroke-width="2.5"'
         parts.append(f'<rect x="{x}" y="{y + panel_h + 48}" width="{CELL}" height="{CELL}" fill="{fill}"{stroke}><title>{tip}</title></rect>')
     legend_y = 2 * panel_h + 66
     for i, (name, color) in enumerate((("K row", KV_COLOR[0]), ("V row", KV_COLOR[1]), ("no logical row", FOREIGN))):

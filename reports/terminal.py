@@ -3,7 +3,8 @@ backends: one row per backend (``backend@platform``), one short cell per check f
 one line per check that did not pass, naming the check and the backends it did not pass on.
 
 Every backend, check and message string is data: it is put into rich ``Text`` objects, never
-parsed as markup, so ``evil[/]`` prints as itself.
+parsed as markup, so ``evil[/]`` prints as itself; and every string of the documents is made
+:func:`printable` first, so an ESC sequence in a results file never reaches the terminal.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import completion, interop
+from . import interop, results
 from .matrix import Cell, Matrix, build
 from .mutation import kill_rates
 from .results import FAILING
@@ -29,14 +30,34 @@ STYLE = {
 }
 WORD = {"failed": "FAIL", "error": "ERROR", "crashed": "CRASH", "timeout": "TIMEOUT", "unexpected-pass": "XPASS",
         "expected-failure": "xfail", "skipped": "skip"}
-# Matrix cells: a letter and a count, so nine families fit beside a 26-character name in 80 columns.
+# Matrix cells: a count and a letter after it ("12F"), so ten families fit beside a 26-character
+# name in 80 columns and no cell reads as a layout standard ("E1").
 LETTER = {"failed": "F", "error": "E", "crashed": "C", "timeout": "T", "unexpected-pass": "X", "expected-failure": "x", "skipped": "s"}
-LEGEND = ("ok all passed · n/a not applicable · F failed · E error · C crashed · T timeout · "
-          "x known failure · X unexpected pass · s skipped by expectations · blank: not run; "
-          "a letter's number counts that outcome")
+LEGEND = ("ok all passed · n/a not applicable · the worst outcome, counted: 3F failed · 3E error · 3C crashed · "
+          "3T timeout · 3x known failure · 3X unexpected pass · 3s skipped by expectations · blank: not run")
 NOT_PASSED = ("crashed", "timeout", "error", "failed", "unexpected-pass", "expected-failure", "skipped")
 SHORT_FAMILY = {"equivalence": "equiv", "connector": "conn"}
 MIN_NAME = 20
+# What a terminal would act on: C0 controls but tab and newline, DEL, C1 controls, and the
+# bidirectional overrides that reorder what a reader sees ("Trojan source").
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character written as an escape (ESC as ``\\x1b``): what a
+    results or expectations field may carry, shown as itself, never acted on by the terminal."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}", text)
+
+
+def _printable_data(value):
+    """A copy of a document in which every string (keys too) is :func:`printable`; unchanged parts are shared."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {_printable_data(k): _printable_data(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable_data(v) for v in value]
+    return value
 
 
 def cell_text(cell: Cell | None) -> tuple[str, str]:
@@ -62,7 +83,7 @@ def _short_cell(cells: list[Cell]) -> Text:
         return Text("ok", style=STYLE[worst])
     if worst == "not-applicable":
         return Text("n/a", style=STYLE[worst])
-    return Text(f"{LETTER[worst]}{counts[worst]}", style=STYLE[worst])
+    return Text(f"{counts[worst]}{LETTER[worst]}", style=STYLE[worst])
 
 
 def wrap_name(name: str, width: int) -> str:
@@ -148,24 +169,30 @@ def _not_passed(matrix: Matrix) -> list[Text]:
     return lines
 
 
-def _totals(matrix: Matrix, document_count: int) -> Text:
-    total = sum((matrix.column_totals(c) for c in matrix.columns), start=type(matrix.column_totals(""))())
-    bad = sum(total[o] for o in FAILING)
-    parts = [f"{total['passed']} passed", f"{bad} failed or errored", f"{total['not-applicable']} not applicable"]
-    parts += [f"{total[o]} {o}" for o in ("expected-failure", "unexpected-pass", "skipped") if total[o]]
-    return Text.assemble(("total: ", "bold"), (" · ".join(parts), "bold red" if bad else "green"),
-                         f"  ({len(matrix.columns)} backend{'s' if len(matrix.columns) != 1 else ''}"
-                         f"{f', {document_count} runs' if document_count > 1 else ''})")
+def _totals(documents: list[dict], columns: int) -> Text:
+    records = [r for d in documents for r in d["tests"]]
+    bad = any(r["outcome"] in FAILING for r in records)
+    return Text.assemble(("total: ", "bold"), (results.counts_text(records), "bold red" if bad else "green"),
+                         f" = {len(records)} tests ({columns} backend{'s' if columns != 1 else ''}"
+                         f"{f', {len(documents)} runs' if len(documents) > 1 else ''})")
+
+
+def _verdict_line(documents: list[dict]) -> Text:
+    word, why = results.verdict(documents)
+    style = {results.CONFORMS: "bold green", results.DOES_NOT_CONFORM: "bold red"}.get(word, "bold yellow")
+    return Text.assemble(("kvconform verdict: ", "bold"), (word, style), f" ({why})")
 
 
 def render(documents: list[dict], *, color: bool, width: int | None = None) -> str:
     """The report for one run, or several side by side; ``width`` defaults to the terminal's."""
     width = width or shutil.get_terminal_size((80, 24)).columns
+    documents = [_printable_data(document) for document in documents]
     matrix = build(documents)
     out = io.StringIO()
     console = Console(file=out, force_terminal=color, no_color=not color, width=width, highlight=False, emoji=False)
-    document = documents[0] if len(documents) == 1 else {"completion": completion.merged(documents)}
-    warning = completion.headline(document)
+    document = documents[0] if len(documents) == 1 else {"completion": results.merged(documents)}
+    warning = results.headline(document)
+    console.print(_verdict_line(documents))
     if warning:
         console.print(Text(warning, style="bold yellow"))
     if not matrix.columns:
@@ -174,13 +201,13 @@ def render(documents: list[dict], *, color: bool, width: int | None = None) -> s
     for table in _summary_tables(matrix, width):
         console.print(table)
     console.print(Text(LEGEND, style="dim"))
-    console.print(_totals(matrix, len(documents)))
+    console.print(_totals(documents, len(matrix.columns)))
     not_passed = _not_passed(matrix)
     if not_passed:
         console.print(Text("\nNot passed (family, check, then each backend it did not pass on):", style="bold"))
         for line in not_passed:
             console.print(line)
-    mutants, families = kill_rates(documents)
+    mutants, families = kill_rates(documents) if results.any_mutant(documents) else ([], {})
     if mutants:
         console.print(Text("\nMutation kill rate (killed: a check of the family it targets failed; families that did not run are not counted):", style="bold"))
         rate = Table(box=box.SIMPLE_HEAD, show_edge=False)
@@ -195,9 +222,10 @@ def render(documents: list[dict], *, color: bool, width: int | None = None) -> s
                 console.print(Text.assemble(("  SURVIVED ", "bold red"), f"mutant:{row['mutant']} in {', '.join(missed)}"))
             if row["not_run"]:
                 console.print(Text.assemble(("  not run ", "yellow"), f"mutant:{row['mutant']}: {', '.join(row['not_run'])} (not counted)"))
-    table = interop.build(documents)
+    table = interop.build(documents) if any(r.get("interop") for d in documents for r in d["tests"]) else None
     if table:
         interop.render_terminal(table, console)
     if warning:
         console.print(Text(warning, style="bold yellow"))
+    console.print(_verdict_line(documents))
     return out.getvalue()

@@ -7,15 +7,16 @@ import pytest
 
 from kvconform.backends_under_test.mutants import MUTANTS
 from kvconform.backends_under_test.registry import MUTANT_PREFIX
+from kvconform.conformance.plugin.collection import PLANNED
 
 
-@pytest.hookimpl(trylast=True)  # after kvconform's own hook has recorded backend and family
+@pytest.hookimpl(trylast=True)  # after kvconform's own hook has planned each test
 def pytest_collection_modifyitems(config, items):
     keep, drop = [], []
     for item in items:
-        props = dict(item.user_properties)
-        name = str(props.get("backend", ""))
-        aimed = name.startswith(MUTANT_PREFIX) and props.get("family") in MUTANTS[name.removeprefix(MUTANT_PREFIX)].catches
+        planned = item.stash.get(PLANNED, None)
+        name = planned.backend if planned else ""
+        aimed = name.startswith(MUTANT_PREFIX) and planned.family in MUTANTS[name.removeprefix(MUTANT_PREFIX)].catches
         (keep if aimed or not name.startswith(MUTANT_PREFIX) else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

@@ -1,5 +1,5 @@
 """Reference backends whose write path is unavailable for some cases only, for the
-per-example applicability tests (conformance/examples.py) — the shape of vLLM's ROCM_ATTN,
+per-example applicability tests (conformance/harness/examples.py) — the shape of vLLM's ROCM_ATTN,
 which writes block sizes 16 and 32 through a compiled op a build may lack and other sizes
 through Triton."""
 

@@ -1,5 +1,5 @@
 """The suite as a subprocess, for kvconform's own tests: one helper, one command builder
-(``kvconform.conformance.plugin.command.suite_command``), results read back from its JSON."""
+(``kvconform.conformance.plugin.collection.suite_command``), results read back from its JSON."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvconform.conformance.plugin.command import suite_command
+from kvconform.conformance.plugin.collection import suite_command
 
 ROOT = Path(__file__).resolve().parents[1]
 

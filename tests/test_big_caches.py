@@ -14,7 +14,7 @@ from kvconform import reference as R
 from kvconform.backends_under_test.contract import CacheSpec
 from kvconform.conformance.harness.assertions import ConformanceFailure, assert_bytes_equal
 from kvconform.conformance.harness.big_caches import PAGE, LazyArena, assert_arenas_equal, lazy_zeros, touched_pages
-from kvconform.conformance.plugin.command import suite_command
+from kvconform.conformance.plugin.collection import suite_command
 from kvconform.conformance.harness.case import GUARD, Arena
 
 from .suite_runs import ROOT

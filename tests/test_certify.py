@@ -4,6 +4,7 @@ with the reason; certification refuses what it must not waive."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +82,126 @@ def test_certify_refuses_waivers_and_other_pins(tmp_path, waiver):
     result = run_suite(tmp_path, "--kvc-backend", "reference", "--kvc-certify", str(tmp_path / "bundle"), *waiver)
     assert result.returncode == 4 and "--kvc-certify refuses" in result.output
     assert not (tmp_path / "bundle").exists()
+
+
+# ----------------------------------------------------------------------------- forged bundles (#26 item 14)
+def resum(bundle):
+    """What a forger does after editing a bundle: SHA256SUMS recomputed over the edited files."""
+    (bundle / submission.SUMS).write_text("".join(f"{submission.sha256_file(str(bundle / n))}  {n}\n" for n in sorted(submission.FILES)))
+
+
+def rewrite_derived(bundle, document, collected):
+    """Results, collected tests and every file derived from them, consistent with each other."""
+    from kvconform.reports import coverage as C
+
+    (bundle / "results.json").write_text(json.dumps(document))
+    (bundle / "collected.txt").write_text("".join(f"{t}\n" for t in sorted(collected)))
+    table = C.build([document])
+    (bundle / "coverage.json").write_text(json.dumps(submission.coverage_data(table)))
+    line = json.loads((bundle / "manifest.json").read_text())["command"]["line"]
+    (bundle / "COVERAGE.md").write_text(C.render_markdown(table, how=f"A certified run ({line})."))
+    digests = json.loads((bundle / "digests.json").read_text())
+    (bundle / "digests.json").write_text(json.dumps({**digests, "entries": submission.digest_entries(document)}))
+    resum(bundle)
+
+
+def test_a_bundle_with_one_parametrized_record_dropped_and_resummed_is_refused(bundle, tmp_path, capsys):
+    tampered = copy_of(bundle, tmp_path)
+    document = json.loads((tampered / "results.json").read_text())
+    collected = (tampered / "collected.txt").read_text().split()
+    must_pass = (bundle / "must_pass.txt").read_text().split()
+    for record in document["tests"]:  # a record whose loss the bundle's own files cannot show
+        forged = dict(document, tests=[r for r in document["tests"] if r is not record])
+        rest = [t for t in collected if t != record["nodeid"]]
+        rewrite_derived(tampered, forged, rest)
+        if not submission.verify(str(tampered), must_pass):
+            break
+    else:
+        pytest.fail("every single dropped record shows in the bundle's own files")
+    assert main(["verify-submission", str(tampered)]) == 1
+    out = capsys.readouterr().out
+    assert f"not in the bundle: this suite collects {record['nodeid']} for the declared backends" in out
+
+
+@pytest.mark.parametrize("name, content, complaint", [
+    ("manifest.json", b"[]", "manifest.json: expected a JSON object, got list"),
+    ("results.json", b"[]", "results.json: expected a kvconform-results/1 object, got list"),
+    ("results.json", None, "results.json: tests must be a list of records, got dict"),  # tests: {}
+    ("results.json", "records", "results.json: record 0: expected an object with string nodeid"),  # tests: [1, …]
+    ("results.json", b'{"schema": "kvconform-results/1", "tests": [\xff]}', "unreadable: results.json"),
+    ("collected.txt", b"conformance/test_x.py::t\xff\xfe\n", "unreadable: collected.txt"),
+    ("results.json", b"[" * 100000 + b"]" * 100000, "results.json: not JSON (nested too deeply)"),
+    (submission.SUMS, b"\xff\xfe", f"missing or unreadable file: {submission.SUMS}"),
+], ids=["manifest-list", "results-list", "tests-object", "tests-not-records", "results-not-utf8", "collected-not-utf8", "deep", "sums-not-utf8"])
+def test_a_malformed_bundle_file_is_refused_naming_it_never_a_traceback(bundle, tmp_path, capsys, name, content, complaint):
+    tampered = copy_of(bundle, tmp_path)
+    if content is None or content == "records":
+        document = json.loads((tampered / name).read_text())
+        document["tests"] = {} if content is None else [1, *document["tests"][1:]]
+        content = json.dumps(document).encode()
+    (tampered / name).write_bytes(content)
+    if name != submission.SUMS:
+        resum(tampered)
+    assert main(["verify-submission", str(tampered)]) == 1
+    out = capsys.readouterr().out
+    assert "REFUSED" in out and complaint in out and "Traceback" not in out
+
+
+def test_rerun_refuses_a_bundle_whose_recorded_outcome_or_digest_is_not_what_runs_here(bundle, tmp_path):
+    from kvconform import receiver
+
+    tampered = copy_of(bundle, tmp_path)
+    document = json.loads((tampered / "results.json").read_text())
+    passed = [r for r in document["tests"] if r["outcome"] == "passed" and r["family"] in ("shape", "split")]
+    said_na, said_digest = passed[0], passed[1]
+    said_na.update(outcome="not-applicable", not_applicable={"kind": "declaration", "who": "backend reference", "what": "forged"})
+    said_digest["result_digest"] = "0" * 64
+
+    class Chooser:  # the two forged records, as a receiver's random draw could pick them
+        def sample(self, population, k):
+            return [r for r in population if r["nodeid"] in (said_na["nodeid"], said_digest["nodeid"])]
+
+    collected = (tampered / "collected.txt").read_text().split()
+    lines, problems = receiver.rerun(str(tampered), document, 2, collected, chooser=Chooser())
+    assert f"rerun {said_na['nodeid']}: outcome recorded 'not-applicable', here 'passed'" in problems
+    assert any(p.startswith(f"rerun {said_digest['nodeid']}: result_digest recorded '{'0' * 64}'") for p in problems)
+    assert not lines
+
+
+def test_rerun_agrees_with_an_honest_bundle(bundle, capsys):
+    assert main(["verify-submission", str(bundle), "--rerun", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("here too") == 2 and "2 recorded tests rerun here agree" in out
+
+
+def test_a_bundle_cannot_make_the_receiver_import_a_module_it_names():
+    from kvconform import receiver
+
+    with pytest.raises(receiver.ReceiverError, match="'os:system' are not registered on this machine"):
+        receiver.collect(["os:system"], "e1")
+
+
+def test_a_fuzzed_bundle_is_refused_with_problems_never_a_traceback(bundle):
+    """Every bundle file truncated, a byte changed, re-encoded or replaced by JSON of the wrong
+    shape, re-summed: verify names problems and never raises (a bounded, derandomized budget)."""
+    import tempfile
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from .test_fuzz_inputs import malformed
+
+    must_pass = (bundle / "must_pass.txt").read_text().split()
+
+    @settings(max_examples=25, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.sampled_from(sorted(submission.FILES)), st.data())
+    def check(name, data):
+        content = data.draw(malformed((bundle / name).read_text()))
+        with tempfile.TemporaryDirectory() as tmp:
+            tampered = Path(shutil.copytree(bundle, f"{tmp}/bundle"))
+            (tampered / name).write_bytes(content)
+            resum(tampered)
+            problems = submission.verify(str(tampered), must_pass)
+            assert problems or content == (bundle / name).read_bytes()
+
+    check()

@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from kvconform.conformance import builtin_coverage
+from kvconform import builtin_coverage
 from kvconform.conformance.harness.exercised import value_classes
 from kvconform.reports import coverage as C
 

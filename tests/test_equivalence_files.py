@@ -2,7 +2,7 @@
 
 import json
 
-from kvconform.conformance import equivalence
+from kvconform.conformance.harness import equivalence
 
 from .suite_runs import run_suite
 

@@ -8,6 +8,7 @@ for a string that must print as itself), or a test named for the promise it chec
 import copy
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -20,13 +21,15 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-from kvconform.conformance import digests, equivalence
-from kvconform.conformance.plugin.command import suite_command
-from kvconform.reports import cli, junit, matrix
+from kvconform.conformance.harness import digests, equivalence
+from kvconform.conformance.plugin.collection import suite_command
+from kvconform.reference.errors import InputError
+from kvconform.reports import cli, expectations, junit, matrix
+from kvconform.reports import svg as svg_builder
 from kvconform.reports.equivalence import compare_entries
 from kvconform.reports.html import render_runs
 from kvconform.reports.mutation import kill_rates
-from kvconform.reports.terminal import render
+from kvconform.reports.terminal import printable, render
 
 from .suite_runs import ROOT, run_suite
 
@@ -129,9 +132,9 @@ BAD_OPTIONS = [  # (RunOptions fields, or "xmlpath" for --junitxml; what the usa
 
 def usage_error(tmp_path, fields: dict) -> str:
     """What the suite says at start-up for these options (the checks its plugin runs before collection)."""
-    from types import SimpleNamespace
-
-    from kvconform.conformance import options, plugin
+    from kvconform.conformance.plugin import options
+    from kvconform.conformance.plugin.outputs import check_outputs
+    from kvconform.conformance.plugin.session import outputs_and_inputs
 
     blocker = tmp_path / "a-file"  # a path under a regular file cannot be created, even by root
     blocker.write_text("")
@@ -143,8 +146,8 @@ def usage_error(tmp_path, fields: dict) -> str:
     opts = options.RunOptions(**{**defaults, **fields})
     try:
         options.validate(opts)
-        plugin._check_outputs(SimpleNamespace(option=SimpleNamespace(xmlpath=xmlpath)), opts)
-    except (options.OptionError, pytest.UsageError) as exc:
+        check_outputs(*outputs_and_inputs(opts, xmlpath))
+    except InputError as exc:
         return str(exc)
     return ""
 
@@ -192,7 +195,7 @@ def test_a_lock_left_by_a_dead_run_is_taken_over_and_reported(tmp_path):
 def reference_entries(case_name="bf16-N16-H2-D64"):
     case = next(c for c in equivalence.CASES if c.name == case_name)
     layout = equivalence.R.blocks_first("NHD")
-    g = equivalence.geometry(case, case.model_dtype)
+    g = case.geometry(case.model_dtype)
     storage = torch.zeros(layout.nbytes(g), dtype=torch.uint8)
     key, value, slots = equivalence.inputs(case)
     k_scale, v_scale = equivalence.scales(None)
@@ -260,6 +263,68 @@ def test_backend_names_print_as_themselves_in_every_renderer(name):
     assert annotated.find(".//property[@name='backend']").get("value") == name
 
 
+# ----------------------------------------------------------------------------- hostile content (#26 items 10-12)
+BREAKOUT = '"><script>alert(1)</script><x a="'
+
+
+def test_the_byte_map_svg_escapes_every_field():
+    byte_map = {"layer": BREAKOUT, "block": "<script>alert(2)</script>", "cells": [
+        {"offset": BREAKOUT, "row": [0, "<b>", 0], "ok": False, "actual": [1, 0, "<i>"], "actual_block": [BREAKOUT, 1]},
+        {"offset": 1, "row": ["x", 0, 0], "ok": "yes", "actual": None},  # wrong types draw as "no logical row"
+    ]}
+    svg = str(svg_builder.byte_map_svg(byte_map))
+    root = ET.fromstring(svg)  # well-formed: no attribute breakout
+    assert root.find(".//{http://www.w3.org/2000/svg}script") is None and "<script>" not in svg
+    assert f"byte map of layer {BREAKOUT} block" in root.get("aria-label")  # the field, shown as itself
+    doc = document(record(outcome="failed", failure={"property": "write", "byte_map": byte_map}))
+    html = render_runs([doc])
+    assert "<script>" not in html and "alert(1)</script><x" not in html
+
+
+def test_junit_holds_every_character_xml_forbids_escaped():
+    esc = "backend raised \x1b[31mred\x1b[0m \x00 \ufffe \ud800"
+    doc = document(record(backend="b\x1b", outcome="failed", message=esc), complete=False)
+    doc["completion"]["reasons"][0]["what"] = "stopped \x1b[2J"
+    pytest_xml = ET.Element("testsuites")
+    case = ET.SubElement(ET.SubElement(pytest_xml, "testsuite", name="pytest"), "testcase", classname="c", name="n")
+    test_id = doc["tests"][0]["nodeid"].replace("\x1b", "#x1B")  # as pytest's writer escaped it
+    ET.SubElement(ET.SubElement(case, "properties"), "property", name="test_id", value=test_id)
+    ET.SubElement(case, "failure", message="m")
+    annotated = junit.annotate(ET.tostring(pytest_xml, encoding="unicode"), doc)
+    root = ET.fromstring(annotated.encode("utf-8"))  # well-formed XML 1.0
+    assert root.find(".//property[@name='message']").get("value") == "backend raised #x1B[31mred#x1B[0m #x00 #xFFFE #xD800"
+    assert root.find(".//property[@name='backend']").get("value") == "b#x1B"
+    assert "#x1B[2J" in root.find(".//testcase[@name='completion']/error").text
+
+
+def test_the_terminal_never_receives_a_control_sequence_from_a_results_file():
+    doc = document(record(backend="evil\x1b]0;pwned\x07\x1b[2J", check="test_\x1b[8mhidden", outcome="failed"), complete=False)
+    doc["completion"]["reasons"][0]["what"] = "SIGINT \x1b[1A\x1b[2K\u202egnissap"
+    for color in (False, True):
+        text = render([doc], color=color, width=200)
+        assert "\x1b]" not in text and "\x1b[2J" not in text and "\x1b[8m" not in text and "\x1b[1A" not in text and "\u202e" not in text
+        assert "evil\\x1b]0;pwned\\x07\\x1b[2J" in text and "\\u202egnissap" in text
+    assert printable("a\tb\nc\x1b[0m\x9b") == "a\tb\nc\\x1b[0m\\x9b"
+
+
+def test_an_expectations_entry_with_a_control_character_is_refused_naming_file_and_line(tmp_path):
+    path = tmp_path / "exp.txt"
+    path.write_text("# ok\nbug [ ] conformance/test_write.py::*\x1b[2J* [ Fail ]\n")
+    with pytest.raises(expectations.ExpectationsError, match=f"{path}:2: control character '\\\\x1b'"):
+        expectations.parse(str(path))
+
+
+def test_two_backends_whose_names_fold_alike_get_distinct_anchors():
+    doc = document(*(record(backend=name, outcome="failed") for name in ("acme.v2", "acme-v2", "acme v2", "acme_v2", "acmé-v2")))
+    cells = matrix.build([doc]).cells.values()
+    assert len({cell.anchor for cell in cells}) == len(cells) == 5
+    html = render_runs([doc])
+    ids = re.findall(r'id="([^"]+)"', html)
+    assert len(ids) == len(set(ids))
+    for cell in cells:  # each link opens its own backend's details
+        assert html.count(f'id="{cell.anchor}"') == 1 and f'href="#{cell.anchor}"' in html
+
+
 # ----------------------------------------------------------------------------- merging and labels
 def test_merge_refuses_two_runs_of_the_same_column(tmp_path, capsys):
     path = tmp_path / "run.json"
@@ -305,7 +370,8 @@ def test_the_repro_line_reruns_the_failure_with_the_runs_profile_seed_standard_a
 def test_terminal_report_of_a_partial_run_is_never_all_green():
     doc = document(record(), complete=False)
     text = render([doc], color=False, width=80)
-    assert text.startswith("PARTIAL RUN (interrupted: SIGINT)")
+    assert text.startswith("kvconform verdict: PARTIAL RUN (interrupted: SIGINT;")
+    assert "PARTIAL RUN (interrupted: SIGINT)" in " ".join(text.split("\n")[:5])
     legacy = copy.deepcopy(doc)
     del legacy["completion"]  # a file that does not say is not taken as complete
     assert "PARTIAL RUN (unknown" in render([legacy], color=False, width=80)

@@ -6,7 +6,7 @@ from collections import defaultdict
 import pytest
 
 from kvconform.backends_under_test.mutants import MUTANTS
-from kvconform.conformance.plugin.hooks import FAMILIES
+from kvconform.conformance.plugin.collection import FAMILIES
 
 from .suite_runs import run_suite as run_suite_process
 

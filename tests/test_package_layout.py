@@ -1,10 +1,12 @@
 """The package's shape: one ``kvconform`` namespace, floors that import one way, no import cycles.
 
-Floors, lowest first: ``reference`` (the spec) ← ``kvconform.compat`` (the runtime handshake check
-a connector imports) ← ``backends_under_test`` ← ``conformance`` (the checks and the pytest plugin);
-``reports`` is a plain library from results JSON to matrix / HTML, importing only ``reference`` and
-``kvconform.compat``; the ``kvconform`` command sits on top. Every import of ours
-is counted, also the ones inside functions.
+Floors, lowest first (docs/ARCHITECTURE.md): ``reference`` (the spec, with ``compat``, the runtime
+handshake check a connector imports) ← ``backends_under_test`` ← the suite: ``conformance.harness``
+(what checks are written with) ← the checks (``conformance/test_*.py``) and ``conformance.plugin``
+(the pytest plugin), which do not import each other; ``reports`` is a plain library from results
+JSON to matrix / HTML, importing only ``reference``; the ``kvconform`` package (the command, the
+public ``kvconform.compat``, the stand-alone tools) sits on top. Every module of every subpackage
+and every import of ours is counted, also the ones inside functions.
 """
 
 from __future__ import annotations
@@ -18,14 +20,16 @@ import pytest
 from .suite_runs import ROOT
 
 PACKAGES = ("reference", "backends_under_test", "conformance", "reports")
-RUNTIME = {"kvconform.compat": "compat"}  # namespace-root modules a connector imports at run time: a floor of their own
+SUITE = {"reference", "backends_under_test", "reports"}
 MAY_IMPORT = {
     "reference": {"reference"},
-    "compat": {"reference"},
-    "backends_under_test": {"reference", "compat", "backends_under_test"},
-    "reports": {"reports", "reference", "compat"},
-    "conformance": {"conformance", "reference", "compat", "backends_under_test", "reports"},
-    "": {"", "compat", *PACKAGES},  # kvconform/ itself: the command
+    "backends_under_test": {"reference", "backends_under_test"},
+    "reports": {"reports", "reference"},
+    "harness": {"harness", *SUITE},
+    "checks": {"harness", *SUITE},
+    "plugin": {"plugin", "harness", *SUITE},
+    "conformance": set(),  # the package's __init__: its docstring is the table of roles
+    "": {"", "checks", "harness", "plugin", "conformance", *PACKAGES},  # kvconform/ itself: the command, the public compat, the tools
 }
 BARE = set(PACKAGES)  # top-level names that exist only in a checkout
 
@@ -33,8 +37,9 @@ BARE = set(PACKAGES)  # top-level names that exist only in a checkout
 def module_files() -> dict[str, Path]:
     files = {f"kvconform.{p.stem}" if p.stem != "__init__" else "kvconform": p for p in (ROOT / "kvconform").glob("*.py")}
     for package in PACKAGES:
-        for path in (ROOT / package).glob("*.py"):
-            files[f"kvconform.{package}" + ("" if path.stem == "__init__" else f".{path.stem}")] = path
+        for path in (ROOT / package).rglob("*.py"):
+            parts = [package, *path.relative_to(ROOT / package).with_suffix("").parts]
+            files[".".join(["kvconform", *(parts[:-1] if parts[-1] == "__init__" else parts)])] = path
     return files
 
 
@@ -63,15 +68,25 @@ def graph():
 
 
 def floor(module: str) -> str:
-    if module in RUNTIME:
-        return RUNTIME[module]
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 and parts[1] in PACKAGES else ""
+    if len(parts) < 2 or parts[1] not in PACKAGES:
+        return ""
+    if parts[1] != "conformance":
+        return parts[1]
+    if len(parts) == 2:
+        return "conformance"
+    return parts[2] if parts[2] in ("harness", "plugin") else "checks"
+
+
+def test_every_subpackage_is_counted(graph):
+    _, files = graph
+    assert {"kvconform.conformance.harness.case", "kvconform.conformance.plugin.verdict", "kvconform.conformance.test_write",
+            "kvconform.reference.compat"} <= set(files)
 
 
 def test_no_module_imports_a_bare_top_level_package_of_the_checkout():
     offenders = []
-    for path in [*(ROOT / "kvconform").glob("*.py"), *(p for pkg in PACKAGES for p in (ROOT / pkg).glob("*.py")),
+    for path in [*(ROOT / "kvconform").glob("*.py"), *(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")),
                  *ROOT.glob("tests/**/*.py"), *ROOT.glob("benchmarks/*.py"), *ROOT.glob("examples/**/*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if isinstance(node, ast.ImportFrom) and not node.level else []

@@ -1,6 +1,6 @@
 """A case that cannot run here is skipped alone: generated examples and block sizes whose code
 path is unavailable are counted in the record and the rest of the check still runs; a check is
-not applicable only when nothing of it can run (conformance/examples.py)."""
+not applicable only when nothing of it can run (conformance/harness/examples.py)."""
 
 from __future__ import annotations
 

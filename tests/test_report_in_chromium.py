@@ -3,6 +3,7 @@ is reachable, a backend called ``<script>…`` stays text. The screenshot is kep
 (kvconform-results/report-screenshot.png)."""
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -90,3 +91,61 @@ def test_screenshot_is_saved_as_an_artifact(report):
     shot.parent.mkdir(exist_ok=True)
     chromium(report.as_uri(), f"--screenshot={shot}", "--window-size=1400,1200")
     assert shot.exists() and shot.stat().st_size > 10_000
+
+
+class Details(HTMLParser):
+    """Per test <details> of the rendered DOM: its outcome, whether it is open, and what it holds
+    (property line, mismatch table, byte-map picture, repro line)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tests, self.depth, self.current, self.counts = {}, 0, None, None
+        self._in_counts = False
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "details":
+            self.depth += 1
+            if "data-nodeid" in attrs:
+                self.current = self.tests[attrs["data-nodeid"]] = {"outcome": attrs["data-outcome"], "open": "open" in attrs,
+                                                                   "depth": self.depth, "holds": set()}
+        elif self.current is not None:
+            classes = set((attrs.get("class") or "").split())
+            self.current["holds"] |= {name for name, hit in (("property", "property" in classes), ("mismatches", tag == "table" and "mismatches" in classes),
+                                                             ("picture", tag == "svg"), ("repro", "repro" in classes)) if hit}
+        self._in_counts = attrs.get("id") == "counts"
+
+    def handle_endtag(self, tag):
+        if tag == "details":
+            if self.current is not None and self.current["depth"] == self.depth:
+                self.current = None
+            self.depth -= 1
+
+    def handle_data(self, data):
+        if self._in_counts:
+            self.counts = data
+            self._in_counts = False
+
+
+def test_a_default_run_of_a_failing_backend_shows_every_failure_whole(tmp_path):
+    """All families (the connector family's interop table included) of a backend with one
+    planted bug, and a known failure from an expectations file: every new failure's detail is
+    open with its property line, mismatch table, picture and repro; known failures are closed."""
+    known = "conformance/test_write.py::test_key_rows_beyond_slot_mapping_are_ignored[mutant:write_one_bit_flipped-*]"
+    (tmp_path / "known.txt").write_text(f"https://bugs.example/1 [ ] {known} [ Fail ]\n")
+    run = run_suite(tmp_path, "--kvc-backend", "mutant:write_one_bit_flipped", "--kvc-expectations", str(tmp_path / "known.txt"), "-n", "2")
+    records = run.records
+    html = tmp_path / "results.html"
+    dom = Details()
+    dom.feed(chromium(html.as_uri(), "--dump-dom"))
+    failed = [r for r in records if r["outcome"] in ("failed", "error")]
+    assert failed and {r["family"] for r in records} >= {"connector", "write"}
+    for r in failed:
+        shown = dom.tests[r["nodeid"]]
+        wants = {"property", "repro"} | ({"mismatches"} if (r["failure"] or {}).get("mismatches") else set()) | \
+                ({"picture"} if (r["failure"] or {}).get("byte_map") else set())
+        assert shown["open"] and wants <= shown["holds"], (r["nodeid"], shown)
+    assert sum(1 for r in failed if (r["failure"] or {}).get("mismatches")) == sum(1 for r in failed if "mismatches" in dom.tests[r["nodeid"]]["holds"])
+    expected = [r for r in records if r["outcome"] == "expected-failure"]
+    assert expected and not any(dom.tests[r["nodeid"]]["open"] for r in expected)
+    assert sum(int(n) for n in re.findall(r"(\d+) [a-z]", dom.counts)) == len(records)

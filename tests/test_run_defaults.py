@@ -1,4 +1,4 @@
-"""Options a run does not give come from what its backends declare (conformance/run_defaults.py):
+"""Options a run does not give come from what its backends declare (conformance/plugin/session.py):
 the layout standard the named backends share, a usage error when they disagree, and the
 backends' own per-test timeout (vLLM's adapters: 300 s)."""
 
@@ -8,7 +8,8 @@ import pytest
 
 from kvconform.backends_under_test.registry import Loaded
 from kvconform.backends_under_test.reference_backend import ReferenceBackend, e3_model, kv_first_model
-from kvconform.conformance import run_defaults
+from kvconform.conformance.plugin.session import default_standard, default_timeout
+from kvconform.reference.errors import InputError
 
 from .suite_runs import run_suite
 
@@ -18,23 +19,23 @@ def loaded(**backends):
 
 
 def test_the_standard_every_named_backend_declares_is_chosen():
-    assert run_defaults.standard(None, loaded(a=e3_model()), explicit=True) == "e3"
-    assert run_defaults.standard(None, loaded(a=ReferenceBackend(), b=kv_first_model()), explicit=True) == "e1"
-    assert run_defaults.standard("e1", loaded(a=e3_model()), explicit=True) == "e1"  # given wins
+    assert default_standard(None, loaded(a=e3_model()), explicit=True) == "e3"
+    assert default_standard(None, loaded(a=ReferenceBackend(), b=kv_first_model()), explicit=True) == "e1"
+    assert default_standard("e1", loaded(a=e3_model()), explicit=True) == "e1"  # given wins
 
 
 def test_backends_declaring_different_standards_need_one_given():
-    with pytest.raises(run_defaults.UsageError, match="a: e1, b: e3"):
-        run_defaults.standard(None, loaded(a=ReferenceBackend(), b=e3_model()), explicit=True)
-    assert run_defaults.standard(None, loaded(a=ReferenceBackend(), b=e3_model()), explicit=False) == "e1"  # the default set
+    with pytest.raises(InputError, match="a: e1, b: e3"):
+        default_standard(None, loaded(a=ReferenceBackend(), b=e3_model()), explicit=True)
+    assert default_standard(None, loaded(a=ReferenceBackend(), b=e3_model()), explicit=False) == "e1"  # the default set
 
 
 def test_a_backend_default_timeout_applies_unless_one_is_given():
     slow = ReferenceBackend()
     slow.default_timeout = 300.0
-    assert run_defaults.timeout(None, loaded(a=ReferenceBackend(), b=slow)) == 300.0
-    assert run_defaults.timeout(5.0, loaded(b=slow)) == 5.0
-    assert run_defaults.timeout(None, loaded(a=ReferenceBackend())) is None
+    assert default_timeout(None, loaded(a=ReferenceBackend(), b=slow)) == 300.0
+    assert default_timeout(5.0, loaded(b=slow)) == 5.0
+    assert default_timeout(None, loaded(a=ReferenceBackend())) is None
 
 
 def test_mixed_standards_without_standard_is_a_usage_error_naming_the_option(tmp_path):

@@ -1,12 +1,23 @@
-"""When a check does not apply: one table of needs, each answered with a typed reason.
+"""When a check does not apply — the one module that decides it, always with a typed reason.
 
-A check states what it needs with markers — ``kvc_op(NAME)``, ``kvc_layouts(KIND)``,
-``kvc_needs(FEATURE)`` — and a golden-case parameter where it has one. :func:`not_applicable`
-evaluates those needs against the backend's declaration, this run's options and this machine,
-and returns the first unmet one as a :class:`NotApplicable`: *who* lacks *what*, and of which
-*kind*. Only ``declaration`` reasons mean "the backend says it does not do this"; ``run`` and
-``machine`` reasons are properties of this invocation or this machine, so a run that needs to
-show full coverage can tell them apart. An unmet need is never a pass.
+Before a test runs:
+
+- :func:`case_params`: the (backend, layout) cases a check is parametrized with; a backend whose
+  library is absent, or that declares no layout of the kind the check asks for, gives one case
+  that carries its reason (sweeps.py does the same for a sweep with no declared value);
+- :func:`not_applicable`: a check states what it needs with markers — ``kvc_op(NAME)``,
+  ``kvc_layouts(KIND)``, ``kvc_needs(FEATURE)`` — and a golden-case parameter where it has
+  one; the needs are evaluated against the backend's declaration, this run's options and this
+  machine, and the first unmet one is returned.
+
+While it runs, :func:`reason_of` turns what a check or backend raised into a reason: a check
+that finds out only then (:class:`NotApplicableHere`), a backend code path that cannot run on
+this machine (``OpUnavailable``), or Hypothesis giving up because no example could run here.
+
+A :class:`NotApplicable` says *who* lacks *what*, and of which *kind*. Only ``declaration``
+reasons mean "the backend says it does not do this"; ``run`` and ``machine`` reasons are
+properties of this invocation or this machine, so a run that needs to show full coverage can
+tell them apart. An unmet need is never a pass.
 """
 
 from __future__ import annotations
@@ -16,9 +27,12 @@ import mmap
 import os
 
 import torch
+from hypothesis.errors import Unsatisfiable
 
 from kvconform import reference as R
 from kvconform.backends_under_test.contract import Backend, OpUnavailable
+
+from .facts import common_who
 
 DECLARATION, RUN, MACHINE = "declaration", "run", "machine"
 LAYOUT_KINDS = ("all", "tiled", "standard", "connector", "none")
@@ -37,11 +51,6 @@ class NotApplicable:
 
     def as_record(self) -> dict:
         return dataclasses.asdict(self)
-
-    @classmethod
-    def from_op_unavailable(cls, backend_name: str, exc: OpUnavailable) -> "NotApplicable":
-        """A backend's real code path cannot run on this machine (a compiled op is absent …)."""
-        return cls(MACHINE, exc.who or "this machine", f"cannot run this code path of backend {backend_name}: {exc}")
 
 
 class NotApplicableHere(Exception):
@@ -111,8 +120,6 @@ def _standard_specific(ctx, wanted):
 
 def _golden_case(ctx, golden):
     """A golden equivalence case must lie inside the declared capabilities and fit the layout."""
-    from .equivalence import geometry
-
     caps = ctx.backend.capabilities
     for what, value, allowed in (("kv_cache_dtype", golden.kv_cache_dtype, caps.kv_cache_dtypes), ("dtype", golden.model_dtype, caps.dtypes),
                                  ("block_size", golden.block_size, caps.block_sizes), ("head_size", golden.head_size, caps.head_sizes),
@@ -120,7 +127,7 @@ def _golden_case(ctx, golden):
         if value not in allowed:
             return f"does not declare {what}={value} (golden case {golden.name})"
     try:
-        ctx.layout.validate(geometry(golden, ctx.backend.cache_dtype(golden.kv_cache_dtype, golden.model_dtype)))
+        ctx.layout.validate(golden.geometry(ctx.backend.cache_dtype(golden.kv_cache_dtype, golden.model_dtype)))
     except ValueError as exc:
         return f"declares layout {ctx.layout.alias}, which cannot hold golden case {golden.name}: {exc}"
     return None
@@ -206,16 +213,15 @@ FEATURES = ("fp8", "single_kv_head", "selector", "standard_e1", "standard_e3", "
 _IMPLIED = {"standard_e1": ("declares_e1", "standard_e1"), "standard_e3": ("declares_e3", "standard_e3"), "gpu": ("cpu_platform", "gpu")}
 
 
-def needs_of(markers: dict, golden_case=None) -> list[tuple[str, object]]:
+def needs_of(item, golden_case=None) -> list[tuple[str, object]]:
     """The (need, argument) pairs a check states through its markers, in table order."""
-    wanted = []
-    if markers.get("kvc_op"):
-        wanted.append(("op", markers["kvc_op"]))
-    kind = markers.get("kvc_layouts", "all")
+    op, layouts = item.get_closest_marker("kvc_op"), item.get_closest_marker("kvc_layouts")
+    wanted = [("op", op.args[0])] if op else []
+    kind = layouts.args[0] if layouts else "all"
     wanted += [("declared_standard", kind), ("run_standard", kind)]
     if golden_case is not None:
         wanted.append(("golden_case", golden_case))
-    for feature in markers.get("kvc_needs", ()):
+    for feature in (m.args[0] for m in item.iter_markers("kvc_needs")):
         if feature not in FEATURES:
             raise ValueError(f"kvc_needs: unknown feature {feature!r}; expected one of {FEATURES}")
         wanted += [(need, None) for need in _IMPLIED.get(feature, (feature,))]
@@ -235,11 +241,30 @@ def not_applicable(ctx: Context, needs: list[tuple[str, object]]) -> NotApplicab
     return None
 
 
-def layouts_for(backend: Backend, kind: str, standard: str) -> list:
-    """The declared layouts a check runs on; a :class:`NotApplicable` when the kind has none."""
+@dataclasses.dataclass(frozen=True)
+class CaseParam:
+    """One (backend, layout) case of a check; ``reason`` when it cannot run, ``layout`` None
+    for a backend that did not load (or a check that takes no layout)."""
+
+    loaded: object  # registry.Loaded
+    layout: R.Layout | None
+    reason: NotApplicable | None = None
+
+    @property
+    def id(self) -> str:
+        if self.layout is None:
+            return self.loaded.name if self.reason is None or self.loaded.backend is None else f"{self.loaded.name}-n/a"
+        return f"{self.loaded.name}-{self.layout.era}:{self.layout.alias}"
+
+
+def case_params(loaded, kind: str, standard: str) -> list[CaseParam]:
+    """The cases of a check asking for layouts of ``kind`` (``kvc_layouts``) on one backend."""
+    backend = loaded.backend
+    if backend is None:
+        return [CaseParam(loaded, None, unavailable_backend(loaded.name, loaded.unavailable, loaded.out_of_scope) if loaded.unavailable else None)]
     layouts = backend.capabilities.layouts
     if kind == "none":
-        return [None]
+        return [CaseParam(loaded, None)]
     if kind == "connector":  # E1: every layout is the standard; E3: those a connector runs with
         chosen = list(layouts) if standard == "e1" else [lay for lay in backend.connector_layouts() if backend.supports_kv_connector()]
     elif kind == "tiled":
@@ -248,7 +273,20 @@ def layouts_for(backend: Backend, kind: str, standard: str) -> list:
         chosen = list(layouts)
     else:
         raise ValueError(f"kvc_layouts: unknown kind {kind!r}; expected one of {LAYOUT_KINDS}")
-    return chosen or [NotApplicable(DECLARATION, f"backend {backend.name}", f"declares no {kind} layout")]
+    return [CaseParam(loaded, layout) for layout in chosen] or [CaseParam(loaded, None, NotApplicable(DECLARATION, f"backend {backend.name}", f"declares no {kind} layout"))]
+
+
+def reason_of(exc: BaseException, backend_name: str, case=None) -> NotApplicable | None:
+    """Why a test that raised ``exc`` does not apply here, or None when ``exc`` is a finding."""
+    if isinstance(exc, Unsatisfiable) and case is not None and case.facts.examples_not_applicable:
+        # Hypothesis gave up: every example it drew was rejected as unavailable here (examples.py).
+        exc = OpUnavailable("no generated example could run here: " + "; ".join(sorted(case.facts.examples_not_applicable)),
+                            who=common_who(case.unavailable.reasons.values()))
+    if isinstance(exc, NotApplicableHere):
+        return exc.reason
+    if isinstance(exc, OpUnavailable):  # the backend's real code path cannot run here (a compiled op absent …)
+        return NotApplicable(MACHINE, exc.who or "this machine", f"cannot run this code path of backend {backend_name}: {exc}")
+    return None
 
 
 def unavailable_backend(name: str, why: str, out_of_scope: bool = False) -> NotApplicable:

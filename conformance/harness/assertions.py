@@ -1,12 +1,18 @@
 """Assertion helpers: property name first, logical coordinates, expected vs actual bytes, repro.
 
-Every failure reads like::
+Every byte comparison that fails reads like::
 
-    write: 12 elements differ (of 3072 logical + 512 guard bytes); first at
-      layer=0 block=3 kv=V slot=5 head=1 dim=7: expected 3f 80, actual 00 00
+    write: 192 elements differ (cache of 36864 bytes + 256-byte guards)
+      where the wrong bytes came from:
+        kv-swapped: K[b=1, s=15, h=0..2] holds V[b=1, s=15]'s bytes: K and V swapped; V[b=1, s=15, h=0..2] is untouched
+        never-written: V[b=1, s=15, h=0..2] was never written: it still holds its initial bytes; its bytes are at K[b=1, s=15, h=0..2]
+      first differing elements (192 elements in 2 rows (layer, block, kv, slot); the first of each row first):
+      layer=0 block=1 kv=K slot=15 head=0 dim=0: expected 3f 80, actual 00 00
       ...
       geometry L1-B6-N16-H3-D32-bfloat16, layout HND E1[B,2,H,N,D]
       repro: pytest conformance/test_write.py --backend X --seed 0 --standard e1 -k '…'
+
+``details["diagnosis"]`` holds every finding as a dict (diagnosis.Finding.as_dict).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from kvconform import reference as R
 
 from .byte_map import block_byte_map, first_logical
 from .case import GUARD, Arena, Case
+from .diagnosis import EXAMINED, Grid, WriteInputs, diagnose, distinct_rows, grid_for, one_thread
 
 KV_NAMES = ("K", "V")
 
@@ -30,6 +37,7 @@ class ConformanceFailure(AssertionError):
         super().__init__(message)
         self.details = details
 SHOWN = 6  # differing elements listed per failure
+LISTED_IN_MESSAGE = 8  # diagnosis findings in the message (all of them are in details["diagnosis"])
 PAGE = mmap.PAGESIZE  # the unit of ``assert_bytes_equal(pages=...)``
 
 
@@ -44,21 +52,39 @@ def _hex(data: torch.Tensor) -> str:
     return " ".join(f"{b:02x}" for b in data.tolist())
 
 
-def _places(arena: Arena, elements: list[int]) -> list[str]:
-    """Where each element of the arena (in cache-dtype units from the arena start) lies."""
+def _places(arena: Arena, elements: list[int], grid: Grid | None = None) -> list[str]:
+    """Where each element of the arena (in cache-dtype units from the arena start) lies: from
+    ``grid`` (the diagnosis' offset map) where it maps the element, else ``R.coordinates_of``."""
     spec = arena.spec
     e = spec.geometry.element_size
     span = spec.layout.numel(spec.geometry)
     inner = [element - GUARD // e for element in elements]
-    coords = iter(R.coordinates_of(spec.layout, spec.geometry, [i for i in inner if 0 <= i < span]))
-    return [f"guard before cache ({-i * e} bytes before)" if i < 0 else
-            f"guard after cache (+{(i - span) * e} bytes past the end)" if i >= span else describe(next(coords)) for i in inner]
+    mapped = grid.index_of(torch.tensor(inner, dtype=torch.int64)).tolist() if grid is not None and inner else [-1] * len(inner)
+    lookup = [i for i, index in zip(inner, mapped) if 0 <= i < span and index < 0]
+    coords = iter(R.coordinates_of(spec.layout, spec.geometry, lookup)) if lookup else iter(())
+    places = []
+    for i, index in zip(inner, mapped):
+        if i < 0:
+            places.append(f"guard before cache ({-i * e} bytes before)")
+        elif i >= span:
+            places.append(f"guard after cache (+{(i - span) * e} bytes past the end)")
+        elif index >= 0:
+            places.append(describe(dict(zip(R.LOGICAL_DIMS, grid.coords(torch.tensor([index]))[0].tolist()))))
+        else:
+            places.append(describe(next(coords)))
+    return places
 
 
-def assert_bytes_equal(prop: str, case: Case, expected: Arena, actual: Arena, note: str = "", *, pages=None) -> None:
+def assert_bytes_equal(prop: str, case: Case, expected: Arena, actual: Arena, note: str = "", *, pages=None,
+                       initial: Arena | None = None, writes: WriteInputs | None = None, zero_fill: bool = False) -> None:
     """The whole arena (guards included) must equal the reference's, byte for byte; ``pages``
     (indices of ``PAGE``-byte pages) limits the comparison to them, for arenas whose other
-    pages are known to be equal (big_caches.py)."""
+    pages are known to be equal (big_caches.py).
+
+    A failure says where the wrong bytes came from (diagnosis.py) before the first differing
+    rows: ``initial`` (the arena before the op), a write's ``writes`` and ``zero_fill`` (the
+    arena reads zeros where nothing wrote) let it say more; none of them costs a passing check
+    anything."""
     e = actual.spec.geometry.element_size
     if pages is None:
         if torch.equal(expected.buffer.to(actual.buffer.device), actual.buffer):
@@ -72,24 +98,78 @@ def assert_bytes_equal(prop: str, case: Case, expected: Arena, actual: Arena, no
     differs = differs[~_both_nan_codes(want, got, differs, actual.spec)]  # FP8-NAN: any NaN code will do
     if differs.numel() == 0:
         return
+    with one_thread():  # a failure's report: small tensors, many calls (diagnosis.one_thread)
+        lines, details = _failure_report(prop, expected, actual, want, got, differs, note, initial, writes, zero_fill)
+    raise ConformanceFailure("\n".join(lines + _footer(case, actual)), details)
+
+
+def _failure_report(prop, expected, actual, want, got, differs, note, initial, writes, zero_fill) -> tuple[list[str], dict]:
+    """The message lines (findings first, then the first element of each differing row) and details."""
+    e = actual.spec.geometry.element_size
+    grid = grid_for(actual.spec, GUARD, differs)
+    findings = diagnose(actual.spec, want, got, differs, guard=GUARD, grid=grid, writes=writes, zero_fill=zero_fill,
+                        initial=initial.buffer.detach().cpu() if initial is not None else None)
+    shown, rows = _first_of_each_row(grid, actual.spec, differs)
     lines = [
         f"{prop}: {differs.numel()} elements differ (cache of {actual.spec.layout.nbytes(actual.spec.geometry)} bytes "
-        f"+ {GUARD}-byte guards){' — ' + note if note else ''}"
+        f"+ {GUARD}-byte guards){' — ' + note if note else ''}",
+        "  where the wrong bytes came from:",
+        *(f"    {f.line()}" for f in _in_message(findings)),
     ]
+    if len(findings) > len(_in_message(findings)):
+        lines.append(f"    … {len(findings) - len(_in_message(findings))} more findings (the results' failure.diagnosis lists them)")
+    lines.append(f"  first differing elements ({rows}; the first of each row first):")
     mismatches = []
-    shown = differs[:SHOWN].tolist()
-    for element, where in zip(shown, _places(actual, shown)):
+    for element, where in zip(shown, _places(actual, shown, grid)):
         span = slice(element * e, (element + 1) * e)
         mismatches.append({"where": where, "expected": _hex(want[span]), "actual": _hex(got[span])})
         lines.append(f"  {mismatches[-1]['where']}: expected {mismatches[-1]['expected']}, actual {mismatches[-1]['actual']}")
-    if differs.numel() > SHOWN:
-        lines.append(f"  … {differs.numel() - SHOWN} more")
+    if differs.numel() > len(shown):
+        lines.append(f"  … {differs.numel() - len(shown)} more")
     where = first_logical(actual, differs[:64].tolist())
     details = {
         "property": prop, "differing_elements": differs.numel(), "mismatches": mismatches,
         "byte_map": block_byte_map(expected, actual, *where) if where else None,
+        "diagnosis": [f.as_dict() for f in findings],
     }
-    raise ConformanceFailure("\n".join(lines + _footer(case, actual)), details)
+    return lines, details
+
+
+def _in_message(findings: list) -> list:
+    """At most ``LISTED_IN_MESSAGE`` findings, every fault class among them at least once (its
+    first finding), in their order."""
+    if len(findings) <= LISTED_IN_MESSAGE:
+        return findings
+    chosen, seen = set(), set()
+    for i, f in enumerate(findings):
+        if f.fault not in seen:
+            seen.add(f.fault)
+            chosen.add(i)
+    for i in range(len(findings)):
+        if len(chosen) >= LISTED_IN_MESSAGE:
+            break
+        chosen.add(i)
+    return [findings[i] for i in sorted(chosen)][: max(LISTED_IN_MESSAGE, len(seen))]
+
+
+def _first_of_each_row(grid: Grid, spec, differs: torch.Tensor) -> tuple[list[int], str]:
+    """``SHOWN`` differing elements, the first of each differing (layer, block, kv, slot) row
+    first (so that six rows name six places, not one row six times), in arena order; and how
+    many rows differ."""
+    examined = differs[:EXAMINED]
+    row = distinct_rows(grid, spec, GUARD, examined)
+    _, inverse = torch.unique(row, return_inverse=True)
+    firsts = torch.full((int(inverse.max()) + 1,), examined.numel(), dtype=torch.int64).scatter_reduce(
+        0, inverse, torch.arange(examined.numel()), "amin")
+    picked = torch.sort(firsts).values[:SHOWN]
+    if picked.numel() < SHOWN:
+        rest = torch.ones(examined.numel(), dtype=torch.bool)
+        rest[picked] = False
+        picked = torch.cat([picked, torch.nonzero(rest).flatten()[: SHOWN - picked.numel()]])
+    count = firsts.numel()
+    more = "+" if differs.numel() > examined.numel() else ""
+    text = f"{differs.numel()} elements in {count}{more} row{'s' if count != 1 else ''} (layer, block, kv, slot)"
+    return examined[torch.sort(picked).values].tolist(), text
 
 
 def _both_nan_codes(want: torch.Tensor, got: torch.Tensor, elements: torch.Tensor, spec) -> torch.Tensor:

@@ -62,6 +62,7 @@ def probe_arena(case: Case, spec: CacheSpec, *, host: bool = False) -> Arena:
     """The arena of a probe: lazily mapped on a CPU, zeros fully allocated on a GPU, random bytes with --kvc-huge."""
     if case.device != "cpu" or case.huge:
         return case.allocate(spec, host=host, seed_offset=int(host), zero=not case.huge)
+    case.built(spec)
     arena = LazyArena(lazy_zeros(2 * GUARD + spec.layout.nbytes(spec.geometry)), spec)
     arena.cache = case.backend.allocate(arena.region, spec)
     return arena
@@ -94,4 +95,4 @@ def assert_arenas_equal(prop: str, case: Case, expected: Arena, actual: Arena, n
         assert_bytes_equal(prop, case, expected, actual, note)
         return
     pages = torch.unique(torch.cat([touched_pages(expected.buffer), touched_pages(actual.buffer)]))
-    assert_bytes_equal(prop, case, expected, actual, note, pages=pages)
+    assert_bytes_equal(prop, case, expected, actual, note, pages=pages, zero_fill=True)  # untouched pages read zeros

@@ -16,7 +16,7 @@ import torch
 from kvconform import reference as R
 from kvconform.backends_under_test.contract import Backend, CacheSpec
 
-from .exercised import note_cache
+from .facts import TestFacts, UnavailableSpecs
 
 GUARD = 256  # bytes before and after every cache; a multiple of every element size
 FP8_KV_CACHE_DTYPES = R.fp8.KV_CACHE_DTYPES
@@ -47,7 +47,7 @@ class Arena:
 
 @dataclasses.dataclass
 class Case:
-    """One test's backend, layout, device, seed, and how to reproduce it."""
+    """One test's backend, layout, device, seed, how to reproduce it, and what it found out."""
 
     backend: Backend
     layout: R.Layout | None
@@ -56,42 +56,33 @@ class Case:
     standard: str
     test_id: str  # conformance/<file>::<name>, the same however the suite was started
     repro: str  # a shell line that re-runs this one test with this run's options
-    record: callable  # record(key, value) into the test's results
-    exercised: list = dataclasses.field(default_factory=list)  # what the test ran (exercised.py)
+    facts: TestFacts = dataclasses.field(default_factory=TestFacts)  # what the test built and touched, for its record
     huge: bool = False  # --kvc-huge: probe caches past 2^31 elements fully allocated (random-filled on a GPU)
-    block_size: int | None = None  # set while a fixed check runs at one of several block sizes
-    drawn: tuple | None = None  # the path-deciding key of the last spec made (examples.spec_key)
-
-    def __post_init__(self):
-        from .examples import Skipped
-
-        self.skipped = Skipped(self.record)  # examples/block sizes this machine cannot run
+    block_size: int | None = None  # a fixed check run at one of several block sizes (examples.py)
+    unavailable: UnavailableSpecs = dataclasses.field(default_factory=UnavailableSpecs)  # specs this machine cannot run (examples.py)
 
     def __repr__(self) -> str:  # stable across runs: reports must not differ by object addresses
         return f"Case(backend={self.backend.name!r}, layout={str(self.layout)!r}, device={self.device!r}, seed={self.seed})"
 
     def spec(self, g: R.Geometry, kv_cache_dtype: str | None = None, model_dtype=None, layout=None, layer: int = 0) -> CacheSpec:
-        """The spec of one case (one more entry in the record's ``exercised``).
+        """The spec of one case; pure (what a test built is noted when it allocates).
 
         Dtypes not given follow ``g.dtype``: an fp8 storage dtype means the first declared fp8
         ``kv_cache_dtype`` that stores it (model dtype: the first declared), any other ``auto``.
         """
-        from .examples import key_of
-
         caps = self.backend.capabilities
         if kv_cache_dtype is None:
             fp8 = [k for k in caps.kv_cache_dtypes if k in FP8_KV_CACHE_DTYPES and self.backend.cache_dtype(k, caps.dtypes[0]) == g.dtype]
             kv_cache_dtype = fp8[0] if g.dtype in R.fp8.FP8_DTYPES and fp8 else "auto"
         if model_dtype is None:
             model_dtype = g.dtype if kv_cache_dtype == "auto" else caps.dtypes[0]
-        spec = CacheSpec(layout=layout or self.layout, geometry=g, kv_cache_dtype=kv_cache_dtype, model_dtype=model_dtype, layer=layer)
-        self.drawn = key_of(spec)
-        self.record("layout", str(spec.layout))
-        self.record("geometry", g.short())
-        self.record("kv_cache_dtype", kv_cache_dtype)
-        self.record("model_dtype", str(model_dtype))
-        note_cache(self, spec)
-        return spec
+        return CacheSpec(layout=layout or self.layout, geometry=g, kv_cache_dtype=kv_cache_dtype, model_dtype=model_dtype, layer=layer)
+
+    def built(self, spec: CacheSpec) -> None:
+        """The test builds a cache of ``spec``: noted in its facts; a spec this machine is known
+        not to run stops the example here (after all its draws: generation never depends on it)."""
+        self.unavailable.start(spec)
+        self.facts.built(spec)
 
     def spec_for(self, cache_dtype, **geometry) -> CacheSpec:
         """The spec of a case of one declared cache dtype (a ``cache_dtype`` sweep value)."""
@@ -115,7 +106,7 @@ class Case:
 
     def allocate(self, spec: CacheSpec, *, host: bool = False, seed_offset: int = 0, zero: bool = False) -> Arena:
         """A guarded, random-filled (or zeroed) arena with the backend's cache built over its middle."""
-        self.skipped.raise_if_known(spec)  # after every draw: generation never depends on it
+        self.built(spec)
         nbytes = spec.layout.nbytes(spec.geometry)
         pin = host and torch.cuda.is_available()
         if zero or nbytes > HUGE_BYTES and self.device == "cpu":

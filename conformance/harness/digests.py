@@ -48,14 +48,14 @@ def reference_export(layouts) -> dict:
     what a certified run compares with when no other machine's file is given."""
     import torch
 
-    from .equivalence import digest_record, geometry, inputs
+    from .equivalence import digest_record, inputs
 
     entries = []
     for layout in dict.fromkeys(layouts):
         for case in CASES:
             for e4m3 in FP8_FORMATS if case.kv_cache_dtype == "fp8" else (None,):
                 on = ("rocm", "gfx942") if e4m3 == "float8_e4m3fnuz" else ("cuda", "sm90")
-                g = geometry(case, R.fp8.cache_dtype_for(case.kv_cache_dtype, case.model_dtype, *on))
+                g = case.geometry(R.fp8.cache_dtype_for(case.kv_cache_dtype, case.model_dtype, *on))
                 fmt = str(g.dtype).removeprefix("torch.") if g.dtype in R.fp8.FP8_DTYPES else None  # as the check records it
                 try:
                     layout.validate(g)

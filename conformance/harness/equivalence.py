@@ -9,7 +9,7 @@ every platform writes the same logical KV. After a backend's write, the written 
   ``[N][H][D]``) — equal for any two layouts holding the same KV.
 
 The reference's digests are committed in ``golden_digests.json``; ``python -m
-conformance.equivalence`` rewrites it (tests/ prove the committed file is current).
+kvconform.conformance.harness.equivalence`` rewrites it (tests/ prove the committed file is current).
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ class GoldenCase:
     tokens: int = 40
     seed: int = 20261129
 
+    def geometry(self, cache_dtype: torch.dtype) -> R.Geometry:
+        return R.Geometry(num_blocks=self.num_blocks, block_size=self.block_size, num_kv_heads=self.num_kv_heads, head_size=self.head_size, dtype=cache_dtype)
+
 
 CASES = (
     GoldenCase("bf16-N16-H2-D64", "auto", torch.bfloat16, 16, 2, 64),
@@ -71,10 +74,6 @@ def inputs(case: GoldenCase):
 def written_blocks(case: GoldenCase) -> list[int]:
     _, _, slots = inputs(case)
     return sorted({int(s) // case.block_size for s in slots.tolist() if s >= 0})
-
-
-def geometry(case: GoldenCase, cache_dtype: torch.dtype) -> R.Geometry:
-    return R.Geometry(num_blocks=case.num_blocks, block_size=case.block_size, num_kv_heads=case.num_kv_heads, head_size=case.head_size, dtype=cache_dtype)
 
 
 def page_bytes(storage: torch.Tensor, layout: R.Layout, g: R.Geometry, blocks: list[int]) -> torch.Tensor:
@@ -109,7 +108,7 @@ def reference_digests() -> dict:
         formats = FP8_FORMATS if case.kv_cache_dtype == "fp8" else (None,)
         for fmt in formats:
             dtype = R.fp8.cache_dtype_for(case.kv_cache_dtype, case.model_dtype, "rocm" if fmt == "float8_e4m3fnuz" else "cuda", "gfx942" if fmt == "float8_e4m3fnuz" else "sm90")
-            g = geometry(case, dtype)
+            g = case.geometry(dtype)
             key, value, slots = inputs(case)
             entry = {"canonical": None, "pages": {}}
             for name, layout in R.named_layouts().items():

@@ -1,10 +1,10 @@
 """What each test exercised, recorded as it runs (the data behind the coverage table).
 
-One entry per cache a test builds (``Case.spec``): its kv_cache_dtype, storage and model
-dtypes, layout, geometry and the geometry's size classes. The ops add what they touched: the
+One entry per cache a test builds (``TestFacts.built``, facts.py): its kv_cache_dtype, storage
+and model dtypes, layout, geometry and the geometry's size classes. The ops add what they touched (here): the
 address classes of the largest block and element offset they addressed, and for fp8 writes
 the value classes of the scaled values the encoder rounded. Class names and their meaning
-live in ``kvconform.reports.coverage``; the entries go to the record's ``exercised`` list.
+live in ``kvconform.reports.coverage``; the entries go to the test's facts (``TestFacts.exercised``).
 """
 
 from __future__ import annotations
@@ -15,30 +15,17 @@ import torch
 
 from kvconform import reference as R
 from kvconform.backends_under_test.contract import CacheSpec
-from kvconform.reports.coverage import NEAR_TIE, address_classes, geometry_classes
+from kvconform.reports.coverage import NEAR_TIE, address_classes
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def note_cache(case, spec: CacheSpec) -> None:
-    """A test built this cache: one more case."""
-    g = spec.geometry
-    if not case.exercised:
-        case.record("exercised", case.exercised)  # the same list, filled as the test runs
-    case.exercised.append({
-        "kv_cache_dtype": spec.kv_cache_dtype, "dtype": _dtype_name(g.dtype), "model_dtype": _dtype_name(spec.model_dtype),
-        "layout": str(spec.layout), "geometry": g.short(),
-        "sizes": geometry_classes(num_layers=g.num_layers, block_size=g.block_size, num_kv_heads=g.num_kv_heads, head_size=g.head_size),
-        "values": [],
-    })
-
-
 def _entry(case, spec: CacheSpec) -> dict | None:
     """The latest entry for this cache (ops run on the cache most recently built)."""
     g = spec.geometry
-    return next((e for e in reversed(case.exercised) if e["layout"] == str(spec.layout) and e["geometry"] == g.short()), None)
+    return next((e for e in reversed(case.facts.exercised) if e["layout"] == str(spec.layout) and e["geometry"] == g.short()), None)
 
 
 def _add(entry: dict, key: str, names) -> None:

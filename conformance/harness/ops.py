@@ -8,6 +8,7 @@ from kvconform import reference as R
 
 from .exercised import note_write
 from .case import Arena, Case
+from .diagnosis import WriteInputs
 
 
 def run_write(case: Case, arena: Arena, key, value, slot_mapping, k_scale, v_scale, *, on_device: bool = False) -> Arena:
@@ -35,13 +36,16 @@ def reference_write(case: Case, expected: Arena, key, value, slot_mapping, k_sca
 
 
 def write_and_compare(case: Case, prop: str, spec, key, value, slot_mapping, k_scale, v_scale, note: str = "") -> None:
-    """Backend write into a fresh arena; the whole arena must equal the reference's."""
+    """Backend write into a fresh arena; the whole arena must equal the reference's. A failure
+    is diagnosed against the arena before the write and the write's inputs."""
     from .assertions import assert_bytes_equal
 
     arena = case.allocate(spec)
+    initial = arena.snapshot()
     expected = run_write(case, arena, key, value, slot_mapping, k_scale, v_scale)
     synchronize(case)
-    assert_bytes_equal(prop, case, expected, arena, note)
+    assert_bytes_equal(prop, case, expected, arena, note, initial=initial,
+                       writes=WriteInputs(key, value, slot_mapping, k_scale, v_scale))
 
 
 def synchronize(case: Case) -> None:

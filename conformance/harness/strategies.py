@@ -1,7 +1,8 @@
 """Hypothesis strategies bound to one backend's declared capabilities.
 
 Only combinations the backend declares — and its layout can hold (multiples of x for tiled
-layouts) — are generated; nothing unsupported is drawn and then skipped.
+layouts) — are generated; nothing unsupported is drawn and then skipped. Strategies are pure:
+drawing records nothing (a test's facts note the caches it allocates).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from hypothesis import strategies as st
 from kvconform import reference as R
 from kvconform.backends_under_test.contract import CacheSpec
 
-from .examples import spec_key
 from .case import Case
 
 
@@ -53,7 +53,6 @@ def specs(draw, case: Case, kv_cache_dtypes=None, num_blocks=(3, 6)) -> CacheSpe
     choices = geometry_choices(case, kv_cache_dtypes)
     if not choices:
         raise ValueError(f"{case.backend.name} declares no geometry its layout {case.layout} can hold")
-    case.skipped.candidates = {spec_key(case.layout, *choice) for choice in choices}  # what this test can draw (examples.py)
     model_dtype, kv_dtype, g = draw(st.sampled_from(choices), label="model dtype, kv_cache_dtype, geometry")
     g = dataclasses.replace(g, num_blocks=draw(st.integers(*num_blocks), label="num_blocks"))
     return case.spec(g, kv_dtype, model_dtype)

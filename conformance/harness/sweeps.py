@@ -19,7 +19,7 @@ from kvconform import reference as R
 from kvconform.backends_under_test.contract import Backend
 from kvconform.reports.coverage import ADDRESS_CLASSES, cache_dtype_label, is_power_of_two
 
-from .applicability import DECLARATION, NotApplicable
+from .applicability import DECLARATION, CaseParam, NotApplicable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,27 +128,23 @@ _NONE = {"cache_dtype": "declares no cache dtype", "fp8_cache_dtype": "declares 
          "size_class": "declares no size class this layout holds (H=1, H=2, odd H/D/N sizes, L>=3)"}
 
 
-def expand(fixturenames, params: list, ids: list[str]):
-    """``(argnames, params, ids)`` for ``metafunc.parametrize``: each (backend, layout) case times
-    the values of the sweep the check asks for, if any."""
+def expand(fixturenames, params: list[CaseParam]) -> tuple[list[str], list, list[str]]:
+    """``(argnames, values, ids)`` for ``metafunc.parametrize`` (indirect: the fixtures of
+    fixtures.py hand the values to the check): each case times the values of the sweep the
+    check asks for, if any. A case with nothing to sweep carries the reason."""
     wanted = [name for name in SWEEPS if name in fixturenames]
     if not wanted:
-        return "case_param", params, ids
+        return ["case_param"], params, [p.id for p in params]
     if len(wanted) > 1:
         raise ValueError(f"a check takes one sweep; it asks for {wanted}")
     name = wanted[0]
-    out_params, out_ids = [], []
-    for (loaded, layout), base in zip(params, ids):
-        runs = loaded.backend is not None and isinstance(layout, R.Layout)
-        values = SWEEPS[name](loaded.backend, layout) if runs else [None]
-        if not values:
-            values = [NotApplicable(DECLARATION, f"backend {loaded.backend.name}", _NONE[name])]
-        for value in values:
-            out_params.append(((loaded, layout), value))
-            out_ids.append(f"{base}-{value.id}" if isinstance(value, (CacheDtype, SizeClass)) else base)
-    return ("case_param", name), out_params, out_ids
-
-
-def not_applicable_param(params: dict) -> NotApplicable | None:
-    """The reason a swept case was not generated (the backend declares no value to sweep)."""
-    return next((v for k, v in params.items() if k in SWEEPS and isinstance(v, NotApplicable)), None)
+    values, ids = [], []
+    for param in params:
+        swept = SWEEPS[name](param.loaded.backend, param.layout) if param.reason is None and param.layout is not None else [None]
+        if not swept:
+            param = dataclasses.replace(param, reason=NotApplicable(DECLARATION, f"backend {param.loaded.backend.name}", _NONE[name]))
+            swept = [None]
+        for value in swept:
+            values.append((param, value))
+            ids.append(f"{param.id}-{value.id}" if value is not None else param.id)
+    return ["case_param", name], values, ids

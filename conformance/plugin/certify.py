@@ -16,7 +16,6 @@ import dataclasses
 import os
 import shlex
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -58,13 +57,6 @@ def _whole_suite(arg: str, config) -> bool:
         return False
 
 
-def suite_test_id(nodeid: str) -> str | None:
-    """The suite's test id of a pytest node id (the recorder's selection holds node ids)."""
-    path, sep, name = nodeid.partition("::")
-    file = Path(path).name
-    return f"conformance/{file}::{name}" if sep and file.startswith("test_") else None
-
-
 class Certifier:
     """A pytest plugin object on the controller: the verdict and the bundle, from the recorder's
     results and the tests it saw selected."""
@@ -77,11 +69,10 @@ class Certifier:
     @pytest.hookimpl(trylast=True)  # after the recorder has its records
     def pytest_sessionfinish(self, session):
         from ..harness.digests import header
-        from .must_pass import must_pass
 
         recorder = session.config.pluginmanager.get_plugin("kvconform-results")
         document = recorder.document()
-        collected = sorted({test_id for test_id in map(suite_test_id, recorder.selected or ()) if test_id})
+        collected = sorted({test_id for test_id in map(collection.suite_test_id, recorder.selected or ()) if test_id})
         self.problems = submission.certification_problems(document, collected)
         if not collected:
             self.problems.append("no test was collected")
@@ -91,7 +82,7 @@ class Certifier:
         argv = [sys.executable, "-m", "pytest", *session.config.invocation_params.args]
         command = {"argv": argv, "line": shlex.join(argv), "cwd": str(session.config.invocation_params.dir)}
         self.checksum = submission.write_bundle(self.run.options.certify, document, collected=collected,
-                                                must_pass=must_pass(), command=command, digests_header=header())
+                                                must_pass=collection.must_pass(), command=command, digests_header=header())
 
     def pytest_terminal_summary(self, terminalreporter):
         terminalreporter.write_sep("=", "kvconform certification")

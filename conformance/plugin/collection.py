@@ -11,9 +11,12 @@ imported by their package name, whatever path pytest found them under, and a tes
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import functools
 import importlib
+import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,7 +64,92 @@ def suite_requested(config) -> bool:
 
 def test_id(item) -> str:
     """``conformance/<file>::<name>``: the same for a checkout, an installed run and ``kvconform run``."""
-    return f"conformance/{Path(item.path).name}::{item.name}"
+    return suite_test_id(f"{Path(item.path).name}::{item.name}")
+
+
+def suite_test_id(nodeid: str) -> str | None:
+    """The suite's test id of a pytest node id however the suite was started (a check module's
+    path relative to wherever pytest found it), or None for a node that is not a check."""
+    path, sep, name = nodeid.partition("::")
+    file = Path(path).name
+    return f"conformance/{file}::{name}" if sep and file.startswith("test_") and file.endswith(".py") else None
+
+
+def must_pass() -> list[str]:
+    """Every check of this suite version, ``conformance/<file>::<function>``: a certified run
+    needs, for every backend it certifies, a record of each (passed, or not applicable by the
+    backend's declaration); ``kvconform verify-submission`` holds a bundle to the list of the
+    kvconform version that checks it; a run that collected none of a check is not complete."""
+    checks = []
+    for path in sorted(suite_dir().glob("test_*.py")):
+        module = importlib.import_module(f"{SUITE}.{path.stem}")
+        checks += [f"conformance/{path.name}::{name}" for name, obj in sorted(vars(module).items())
+                   if name.startswith("test_") and callable(obj) and getattr(obj, "__module__", None) == module.__name__]
+    return checks
+
+
+FAMILIES = ("shape", "split", "write", "shuffle", "swap", "copy", "read", "gating", "equivalence", "connector")
+PLANNED = pytest.StashKey["Planned"]()
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """What is known of one suite test before it runs (kept in ``item.stash[PLANNED]``)."""
+
+    test_id: str
+    loaded: object  # registry.Loaded
+    layout: object  # reference Layout, or None
+    family: str
+    clauses: tuple[str, ...]
+    repro: str
+    needs: tuple[str, ...]  # the applicability needs it states (kvc_needs features)
+    reason: object = None  # applicability.NotApplicable: it does not apply here, and why
+    expected: str | None = None  # an expectations entry Fail/Crash: "expected Fail (FILE:LINE: reason)"
+    skip: str | None = None  # an expectations entry Skip, in words
+
+    @property
+    def backend(self) -> str:
+        return self.loaded.name
+
+    def record_fields(self) -> dict:
+        """The record's fields known before the test runs."""
+        b = self.loaded.backend
+        return {"nodeid": self.test_id, "backend": self.loaded.name, "platform": b.platform if b else "unknown", "arch": b.arch() if b else "",
+                "family": self.family, "check": self.test_id.split("::")[1].split("[")[0], "repro": self.repro, "clauses": list(self.clauses),
+                "layout": str(self.layout) if self.layout is not None else None}
+
+
+def plan(item, run) -> Planned | None:
+    """The plan of one suite test: identity, applicability, expectations; None for other items."""
+    from kvconform.reports import expectations
+
+    from ..harness.applicability import Context, needs_of, not_applicable
+
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or "case_param" not in callspec.params:
+        return None
+    param = callspec.params["case_param"]
+    loaded, backend = param.loaded, param.loaded.backend
+    reason = param.reason
+    if reason is None and backend is not None:
+        ctx = Context(backend=backend, layout=param.layout, standard=run.options.standard, device=run.options.device,
+                      huge=run.options.huge, compare_digests=run.compare is not None)
+        reason = not_applicable(ctx, needs_of(item, callspec.params.get("golden_case")))
+    identity = test_id(item)
+    planned = Planned(
+        test_id=identity, loaded=loaded, layout=param.layout, reason=reason,
+        family=next((m.name for m in item.iter_markers() if m.name in FAMILIES), "other"),
+        clauses=tuple(c for m in item.iter_markers("kvc_clause") for c in m.args),
+        repro=repro_line(identity, loaded.name, run.options.cli_args()),
+        needs=tuple(m.args[0] for m in item.iter_markers("kvc_needs")),
+    )
+    known = None if reason or not run.expectations else expectations.first_match(run.expectations, identity, expectations.record_tags(planned.record_fields()))
+    if known is None:
+        return planned
+    words = f"{known.file}:{known.line}: {known.reason}"
+    if known.outcome == "Skip":
+        return dataclasses.replace(planned, skip=f"expectation {words}")
+    return dataclasses.replace(planned, expected=f"expected {known.outcome} ({words})")
 
 
 class SuitePackage(pytest.Package):
@@ -75,7 +163,7 @@ class SuiteModule(pytest.Module):
     """A check module imported as ``kvconform.conformance.<name>``, and collected by the
     suite's own naming rules (a vendor's ``python_files``/``python_functions`` ini does not apply)."""
 
-    def _getobj(self):
+    def _getobj(self):  # pytest.Module's own import by file path (pytest 8 and 9; tests/test_plugin_surface.py pins it)
         return importlib.import_module(f"{SUITE}.{self.path.stem}")
 
     def funcnamefilter(self, name: str) -> bool:
@@ -93,3 +181,21 @@ def collected_by_pytest(path: Path, parent) -> bool:
     """Whether pytest's python plugin collects this file (an argument, or matching python_files)."""
     patterns = parent.config.getini("python_files")
     return parent.session.isinitpath(path) or any(fnmatch.fnmatch(path.name, p) for p in patterns)
+
+
+# ----------------------------------------------------------------------------- command lines
+# The one place that spells a command line running the suite: for `kvconform run`, kvconform's
+# own self-tests, and the repro line printed with every failure.
+def suite_command(*pytest_args: str, python: str | None = None, target: str = SUITE) -> list[str]:
+    """``python -m pytest --pyargs kvconform.conformance …``: runs the installed suite from any
+    directory (in a checkout, the checkout's files: they are that package)."""
+    return [python or sys.executable, "-m", "pytest", "--pyargs", target, "-p", "no:cacheprovider", *pytest_args]
+
+
+def repro_line(test_id: str, backend: str, run_args: list[str]) -> str:
+    """A shell line that re-runs exactly one test with this run's seed, profile, standard and
+    device, from any directory: ``pytest --pyargs 'kvconform.conformance.test_x::test_y[…]' …``."""
+    path, _, name = test_id.partition("::")
+    module = path.removesuffix(".py").replace("/", ".")
+    target = f"kvconform.{module}::{name}"
+    return " ".join(shlex.quote(part) for part in ["pytest", "--pyargs", target, "--kvc-backend", backend, *run_args])

@@ -10,9 +10,12 @@ conftests have registered theirs, for each name still free (:func:`add_aliases`)
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+import warnings
 
 from kvconform.reference.errors import InputError
+
 
 PROFILES = ("quick", "full")
 STANDARDS = ("e1", "e3")
@@ -61,13 +64,13 @@ def add_options(parser) -> None:
 def add_aliases(parser) -> list[str]:
     """Register ``--NAME`` for every option with a short spelling that no one else took;
     returns the spellings left to their owners (use ``--kvc-NAME`` for those)."""
-    taken = {n for group in parser._groups for option in group.options for n in option.names()}
+    taken = option_names_taken(parser)
     group = parser.getgroup("kvconform")
     skipped = []
     for name, aliased, attrs in OPTIONS:
         if not aliased:
             continue
-        if f"--{name}" in taken:
+        if taken is None or f"--{name}" in taken:
             skipped.append(f"--{name}")
             continue
         group.addoption(f"--{name}", dest=dest(name), **{**attrs, "help": f"same as --kvc-{name}"})
@@ -102,6 +105,9 @@ class RunOptions:
     def from_config(cls, config, default_device: str) -> "RunOptions":
         get = lambda name: config.getoption(dest(name))  # noqa: E731
         names = tuple(dict.fromkeys(n.strip() for value in get("backend") for n in value.split(",") if n.strip()))
+        if get("backend") and not names:  # an unset $BACKEND in a CI script must not run every built-in
+            raise OptionError(f"--kvc-backend {' '.join(repr(v) for v in get('backend'))}: names no backend; expected a registered name, "
+                              "'mutant:NAME', 'vllm:NAME[+shuffle]' or 'pkg.module:attr' (leave the option out to run every built-in)")
         return cls(
             backends=names, device=get("device") or default_device, seed=get("seed"), profile=get("profile"),
             standard=get("standard"), json_path=get("json"), html_path=get("html"), huge=get("huge"), timeout=get("timeout"),
@@ -130,7 +136,7 @@ def validate(options: RunOptions) -> None:
     low, high = SEED_RANGE
     if not low <= options.seed <= high:
         raise OptionError(f"--kvc-seed {options.seed}: expected an integer from {low} to {high}")
-    if options.timeout is not None and not options.timeout > 0:
+    if options.timeout is not None and not (options.timeout > 0 and math.isfinite(options.timeout)):
         raise OptionError(f"--kvc-timeout {options.timeout}: expected a positive number of seconds")
     check_device(options.device)
 
@@ -151,3 +157,21 @@ def check_device(device: str) -> None:
         here = "cpu" + (f", cuda:0 … cuda:{torch.cuda.device_count() - 1}" if torch.cuda.is_available() else "")
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise OptionError(f"--kvc-device {device}: not available on this machine ({reason}); devices here: {here}") from exc
+
+
+# ----------------------------------------------------------------------------- pytest internals
+# Supported pytest: 8.x and 9.x (tests/test_pytest_versions.py pins what this relies on).
+SUPPORTED_MAJOR = (8, 9)
+
+
+def option_names_taken(parser) -> set[str] | None:
+    """Every option spelling already registered (by pytest, plugins, conftests), or None when
+    this pytest keeps them where the helper cannot see (then no short alias is added: the
+    ``--kvc-`` spellings always work)."""
+    groups = getattr(parser, "_groups", None)
+    if groups is None:
+        warnings.warn("kvconform: cannot list this pytest's options; only --kvc-* spellings are registered", stacklevel=2)
+        return None
+    anonymous = getattr(parser, "_anonymous", None)
+    options = [option for group in [*groups, *([anonymous] if anonymous is not None else [])] for option in group.options]
+    return {name for option in options for name in option.names()}

@@ -1,15 +1,17 @@
-"""The result recorder: one record per test, collected on the pytest controller; at the end of
-the run the JSON results (``kvconform-results/1``, docs/RESULTS_SCHEMA.md), the HTML report,
-the JUnit annotations and the terminal matrix, all rendered by ``kvconform.reports`` from that JSON.
+"""The result recorder: one :class:`TestRecord` per test, collected on the pytest controller;
+at the end of the run the JSON results (``kvconform-results/1``, docs/RESULTS_SCHEMA.md), the
+HTML report, the JUnit annotations and the terminal report, all rendered by
+``kvconform.reports`` from that JSON.
 
-Records are keyed by the suite's stable test id, so xdist workers, reruns and teardown errors
-collapse to one verdict. Properties recorded at collection (backend, family, layout, the
-not-applicable reason) reach the controller with every phase report, so even a test whose
-worker died mid-call keeps them.
+What crosses the xdist boundary is one property per phase report, ``kvconform``: the test's
+planned fields, its facts and its verdict so far (:func:`payload`). Records are keyed by the
+suite's stable test id. A crash report (the worker died) carries nothing: its verdict is made
+here from the last payload of the same test (verdict.crashed).
 
-The document says whether the run completed (``completion``, completeness.py): the tests it
+The document says whether the run completed (``completion``, py): the tests it
 selected are matched with the verdicts it recorded, and filters and early stops are named, so a
-partial run is never shown as a green verdict (docs/RELIABILITY.md).
+partial run is never shown as a green verdict (docs/RELIABILITY.md). A session that ran no
+test at all (``--collect-only``, ``--fixtures``) writes nothing.
 """
 
 from __future__ import annotations
@@ -17,83 +19,115 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
-import shutil
+import shlex
 import time
 from pathlib import Path
 
 import pytest
 
 from kvconform.reports import expectations
-from kvconform.reports.results import FAILING, SCHEMA, package_version, write_atomically
+from kvconform.reports.results import NOT_APPLICABLE, SCHEMA, UNEXPECTED_PASS, TestRecord, package_version, write_atomically
 
-from . import collection, completeness
-from .outputs import keep_complete_result
-
-HYPOTHESIS_NOTES = re.compile(r"^(Failing test case:|Falsifying example:|Falsifying explicit example:)", re.MULTILINE)
-FAILURE_PREFIX = "kvconform.conformance.harness.assertions.ConformanceFailure: "  # the property name starts the message
-RECORD_FIELDS = ("backend", "platform", "arch", "family", "check", "layout", "geometry", "kv_cache_dtype", "model_dtype", "repro",
-                 "clauses", "exercised")
-COMPARE_CHECK = "test_digests_equal_the_exported_run"
+from . import collection, verdict, watchdog
+from .outputs import set_aside, settle_previous
 
 
-def _skip_reason(report) -> str:
-    return report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr or "")
+# ----------------------------------------------------------------------------- completion
+# What narrowed or cut short a run: the reasons of the results document's ``completion`` object
+# (docs/RESULTS_SCHEMA.md; wording and reading in kvconform.reports.results). Filters are read
+# from the options that select tests (-m, -k, --deselect, --lf, arguments naming less than the
+# whole suite); stops from how the session ended; and the selected tests are matched with the
+# verdicts recorded, so a test that never reported — whatever ended the run — is counted.
+INTERRUPTED, INTERNAL_ERROR = 2, 3  # pytest.ExitCode values
 
 
-def timeout_dir(json_path: str) -> str:
-    """Watchdog notes of the run writing ``json_path`` (one directory per results file, so runs
-    writing other files beside it — ``kvconform run -j`` — never clear each other's)."""
-    path = os.path.abspath(json_path)
-    return os.path.join(os.path.dirname(path), ".timeouts", os.path.basename(path))
-
-
-def _marker(json_path: str, test_id: str) -> str:
-    return os.path.join(timeout_dir(json_path), "".join(c if c.isalnum() else "_" for c in test_id)[:200])
-
-
-def mark_timeout(json_path: str, test_id: str) -> None:
-    """Leave a note (from the dying worker) that ``test_id`` was ended by the watchdog."""
-    os.makedirs(timeout_dir(json_path), exist_ok=True)
-    with open(_marker(json_path, test_id), "w") as fh:
-        fh.write(test_id)
-
-
-def outcome_of(report, props: dict) -> str | None:
-    """The record outcome of one phase report, or None when the phase adds nothing."""
-    text = str(report.longrepr or "") if report.failed else ""
-    if "crashed while running" in text:  # pytest-xdist: the worker process died in this test
-        return "crashed"
-    if hasattr(report, "wasxfail"):
-        return "unexpected-pass" if report.passed else "expected-failure"
-    if report.skipped:
-        return "not-applicable" if props.get("not_applicable") else "skipped"
-    if report.when == "call":
-        return "passed" if report.passed else "failed"
-    return "error" if report.failed else None
-
-
-def message_of(report, outcome: str, props: dict) -> str:
-    if outcome == "not-applicable":
-        reason = props["not_applicable"]
-        return f"{reason['who']} {reason['what']}"
-    if outcome == "skipped":
-        return _skip_reason(report)
-    if outcome in ("expected-failure", "unexpected-pass"):
-        return str(report.wasxfail)
-    if outcome in FAILING:
-        crash = getattr(report.longrepr, "reprcrash", None)
-        return split_draw(crash.message if crash is not None else str(report.longrepr))[0]
-    return ""
-
-
-def split_draw(message: str) -> tuple[str, str | None]:
-    """(the check's own message, Hypothesis' notes on the failing example — or None)."""
-    message = message.removeprefix(FAILURE_PREFIX)
-    found = HYPOTHESIS_NOTES.search(message)
+def filters(config, deselected: int = 0) -> list[dict]:
+    """Options and arguments of this invocation that select a part of the suite; ``deselected``
+    counts the checks deselected by anything (a plugin or conftest too)."""
+    option = config.option
+    found = []
+    if getattr(option, "markexpr", ""):
+        found.append(f"-m {shlex.quote(option.markexpr)}")
+    if getattr(option, "keyword", ""):
+        found.append(f"-k {shlex.quote(option.keyword)}")
+    for nodeid in getattr(option, "deselect", None) or []:
+        found.append(f"--deselect {shlex.quote(nodeid)}")
+    if getattr(option, "lf", False):
+        found.append("--last-failed")
+    invocation = config.invocation_params.dir
+    for arg in config.args:
+        if collection.targets_suite(arg, option.pyargs, invocation) and not collection.names_whole_suite(arg, option.pyargs, invocation):
+            found.append(f"argument {shlex.quote(str(arg))}")
+    if not found and not deselected:
+        return []
+    counted = f" ({deselected} checks deselected)" if deselected else ""
     if not found:
-        return message, None
-    return message[: found.start()].rstrip(), message[found.start():]
+        return [{"kind": "filtered", "what": f"{deselected} checks deselected by a plugin or conftest"}]
+    return [{"kind": "filtered", "what": f"{', '.join(found)} select{'s' if len(found) == 1 else ''} part of the suite{counted}"}]
+
+
+def count_checks(items) -> int:
+    return sum(1 for item in items if collection.is_check_file(item.path))
+
+
+class DeselectionTally:
+    """On an xdist worker: how many checks it deselected, sent to the controller with the
+    worker's output (the controller collects nothing itself)."""
+
+    KEY = "kvconform_deselected"
+
+    def __init__(self, config):
+        self.config = config
+
+    def pytest_deselected(self, items):
+        output = self.config.workeroutput
+        output[self.KEY] = output.get(self.KEY, 0) + count_checks(items)
+
+
+def stops(session, exitstatus: int, collect_errors: list[str]) -> list[dict]:
+    """How the session ended, when it ended before every selected test ran."""
+    reasons = []
+    if collect_errors:
+        reasons.append({"kind": "collection-error", "what": f"{len(collect_errors)} module(s) failed to collect: {', '.join(collect_errors[:3])}"})
+    if exitstatus == INTERRUPTED and not collect_errors:
+        reasons.append({"kind": "interrupted", "what": str(session.shouldstop or "interrupted (Ctrl-C or SIGINT)")})
+    elif exitstatus == INTERNAL_ERROR:
+        reasons.append({"kind": "internal-error", "what": "pytest stopped with an internal error"})
+    elif session.shouldfail or session.shouldstop:
+        reasons.append({"kind": "stopped", "what": str(session.shouldfail or session.shouldstop)})
+    return reasons
+
+
+def not_collected(selected: set[str] | None) -> list[dict]:
+    """Checks of the suite of which no test was collected although nothing filtered the run
+    (``--ignore``, a plugin or conftest dropping items without reporting them deselected)."""
+    if not selected:
+        return []
+    collected = {test_id.split("[")[0] for test_id in map(collection.suite_test_id, selected) if test_id}
+    missing = [check for check in collection.must_pass() if check not in collected]
+    if not missing:
+        return []
+    return [{"kind": "not-collected", "what": f"{len(missing)} check(s) of the suite were never collected, e.g. {missing[0]} "
+                                              "(--ignore, or a plugin or conftest that dropped them)"}]
+
+
+def missing_verdicts(selected: set[str] | None, with_verdict: set[str]) -> list[dict]:
+    if selected is None:
+        return []
+    missing = sorted(selected - with_verdict)
+    if not missing:
+        return []
+    return [{"kind": "no-verdict", "what": f"{len(missing)} selected test(s) have no result, e.g. {missing[0]}"}]
+
+
+def payload(planned, state: dict, case) -> dict:
+    """What one phase report carries to the controller: the record so far, and what a crash
+    verdict needs (serialised once, as plain JSON types)."""
+    decided = state["verdict"]
+    facts = case.facts.as_record_fields() if case is not None else {}
+    return {"record": {**planned.record_fields(), **facts, "duration_s": round(state["duration_s"], 4),
+                       **(decided.record_fields() if decided else {})},
+            "decided": decided is not None, "expected": planned.expected, "needs": list(planned.needs)}
 
 
 def run_platform() -> str:
@@ -129,22 +163,26 @@ def environment(run, backends: dict) -> dict:
 
 
 class ResultRecorder:
-    """A pytest plugin object: one record per test; JSON, HTML, JUnit and the terminal matrix at the end."""
+    """A pytest plugin object: one record per test; JSON, HTML, JUnit and the terminal report at the end."""
 
     def __init__(self, run, environment: dict, lock=None):
-        shutil.rmtree(timeout_dir(run.options.json_path), ignore_errors=True)
+        if run.options.timeout:
+            watchdog.clear(run.options.json_path)
         self.run = run
         self.environment = environment
         self.lock = lock
-        self.records: dict[str, dict] = {}
-        self.props: dict[str, dict] = {}  # per pytest node id, from every phase (a crash report has none)
+        self.records: dict[str, TestRecord] = {}
+        self.last: dict[str, dict] = {}  # per test id: the last payload seen (a crash report has none)
+        self.nodeids: dict[str, str] = {}  # pytest node id -> test id
         self.stale_expectations: list[dict] = []
         self.selected: set[str] | None = None  # node ids of the kvconform tests this run selected
         self.collect_errors: list[str] = []
         self.deselected = 0  # checks deselected by anything (-m, -k, a plugin)
         self.completion: dict | None = None  # set at the end of the session
         self.notes: list[tuple[str, str]] = []  # (style, line) for the terminal summary
+        self.tests_ran = False  # the session ran its test loop (not --collect-only, --fixtures …)
         self.written = False
+        self.session = None
 
     # ------------------------------------------------------------------ what was selected
     def pytest_collectreport(self, report):
@@ -153,68 +191,70 @@ class ResultRecorder:
 
     def pytest_collection_finish(self, session):
         if session.items:  # xdist's controller collects nothing: its workers report below
-            self.selected = {item.nodeid for item in session.items if "test_id" in dict(item.user_properties)}
+            self.selected = {item.nodeid for item in session.items if collection.PLANNED in item.stash}
 
     def pytest_deselected(self, items):
-        self.deselected += completeness.count_checks(items)
+        self.deselected += count_checks(items)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error):
-        self.deselected = max(self.deselected, getattr(node, "workeroutput", {}).get(completeness.DeselectionTally.KEY, 0))
+        self.deselected = max(self.deselected, getattr(node, "workeroutput", {}).get(DeselectionTally.KEY, 0))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids):
         if self.selected is None:  # node ids name the check module relative to where pytest found it
             self.selected = {i for i in ids if collection.is_check_file(collection.suite_dir() / Path(i.split("::")[0]).name)}
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session):
+        self.tests_ran = not session.config.option.collectonly
+        if self.tests_ran:  # from here on the results file is this run's or none
+            set_aside(self.run.options.json_path, self.html_path)
+        return (yield)
+
     # ------------------------------------------------------------------ verdicts
     def pytest_runtest_logreport(self, report):
         nodeid = report.nodeid.split("@", 1)[0]  # xdist --dist loadgroup appends "@group"
-        props = self.props.setdefault(nodeid, {})
-        this_phase = dict(report.user_properties)
-        props.update(this_phase)
-        if "test_id" not in props:
-            return  # not a kvconform check
-        test_id = props["test_id"]
-        outcome = outcome_of(report, props)
-        if outcome == "crashed" and os.path.exists(_marker(self.run.options.json_path, test_id)):
-            outcome = "timeout"
-        if outcome == "failed" and this_phase.get("raised"):
-            outcome = "error"
-        if outcome is None:
+        sent = dict(report.user_properties).get("kvconform")
+        if sent is not None:
+            test_id = sent["record"]["nodeid"]
+            self.nodeids[nodeid], self.last[test_id] = test_id, sent
+            if sent["decided"]:
+                self.records[test_id] = self._record(sent["record"])
             return
-        previous = self.records.get(test_id)
-        if previous and previous["outcome"] in FAILING:
-            return  # a teardown error after a failure keeps the first verdict
-        self.records[test_id] = {
-            "nodeid": test_id,
-            **{k: props.get(k) for k in RECORD_FIELDS},
-            "run_platform": self.environment.get("run_platform"),
-            "seed": self.run.options.seed, "outcome": outcome,
-            "duration_s": round(report.duration, 4), "message": message_of(report, outcome, props),
-            "not_applicable": props.get("not_applicable") if outcome == "not-applicable" else None,
-            "failure": props.get("failure"), "raised": this_phase.get("raised"),
-            "digest": props.get("digest"), "hypothesis_draw": self._draw(report, outcome),
-            "interop": props.get("interop"),
-            # cases of this test that could not run here while others did (examples.py)
-            "examples_not_applicable": props.get("examples_not_applicable"), "block_sizes": props.get("block_sizes"),
-        }
+        test_id = self.nodeids.get(nodeid)
+        if test_id is not None and verdict.is_crash_report(report):
+            last = self.last[test_id]
+            crash = verdict.crashed(last["expected"], watchdog.timed_out(self.run.options.json_path, test_id), str(report.longrepr))
+            self.records[test_id] = self._record({**last["record"], **crash.record_fields()})
 
-    @staticmethod
-    def _draw(report, outcome: str) -> str | None:
-        crash = getattr(report.longrepr, "reprcrash", None) if outcome in FAILING else None
-        return split_draw(crash.message)[1] if crash is not None else None
+    def _record(self, fields: dict) -> TestRecord:
+        return TestRecord(**fields, seed=self.run.options.seed, run_platform=self.environment.get("run_platform"))
+
+    def finish_timed_out(self, config, planned) -> None:
+        """Without xdist the watchdog ends the only process: write what the run has, with this
+        test's verdict, before it goes (watchdog.start's last words)."""
+        last = self.last.get(planned.test_id)
+        fields = last["record"] if last else planned.record_fields()
+        self.records[planned.test_id] = self._record({**fields, **verdict.crashed(planned.expected, True, "ended by --kvc-timeout").record_fields()})
+        self.completion = self._completion(self.session, watchdog.EXIT_STATUS)
+        self.completion["reasons"].append({"kind": "timeout", "what": f"{planned.test_id} exceeded --kvc-timeout without xdist; "
+                                                                    "the run ended there (use -n 1 or `kvconform run` to carry on)"})
+        self.completion["complete"] = False
+        self._write(config)
 
     # ------------------------------------------------------------------ the end of the run
     def _completion(self, session, exitstatus: int) -> dict:
-        with_verdict = {nodeid for nodeid, props in self.props.items() if props.get("test_id") in self.records}
+        with_verdict = {nodeid for nodeid, test_id in self.nodeids.items() if test_id in self.records}
+        narrowed = filters(session.config, self.deselected)
         reasons = [
-            *completeness.stops(session, exitstatus, self.collect_errors),
-            *completeness.filters(session.config, self.deselected),
-            *completeness.missing_verdicts(self.selected, with_verdict),
+            *stops(session, exitstatus, self.collect_errors),
+            *narrowed,
+            *([] if narrowed else not_collected(self.selected)),
+            *missing_verdicts(self.selected, with_verdict),
         ]
         if self.run.compare is not None:
-            compared = [r for r in self.records.values() if r["check"] == COMPARE_CHECK and r["outcome"] != "not-applicable"]
+            compared = [r for test_id, r in self.records.items() if "compare_digests" in self.last[test_id]["needs"] and r.outcome != NOT_APPLICABLE]
             if not compared:
                 reasons.append({"kind": "nothing-compared", "what": f"--kvc-compare-digests {self.run.compare['path']}: no entry matches a "
                                 "(layout, golden case) this run wrote, so nothing was compared"})
@@ -232,7 +272,7 @@ class ResultRecorder:
             "schema": SCHEMA, "created_unix": int(time.time()), "environment": self.environment,
             "completion": self.completion,
             "stale_expectations": self.stale_expectations,
-            "tests": sorted(self.records.values(), key=lambda r: r["nodeid"]),
+            "tests": [self.records[test_id].as_json() for test_id in sorted(self.records)],
         }
 
     @property
@@ -240,16 +280,19 @@ class ResultRecorder:
         options = self.run.options
         return options.html_path or os.path.splitext(options.json_path)[0] + ".html"
 
+    def pytest_sessionstart(self, session):
+        self.session = session  # the watchdog's last words need it
+
     @pytest.hookimpl(trylast=True)  # after pytest's JUnit writer: its file is annotated here
     def pytest_sessionfinish(self, session, exitstatus):
-        if session.config.option.collectonly:
+        if not self.tests_ran:
             return
         options = self.run.options
-        records = list(self.records.values())
+        records = [r.as_json() for r in self.records.values()]
         self.completion = self._completion(session, exitstatus)
         self.stale_expectations = [
             {"file": e.file, "line": e.line, "pattern": e.pattern, "reason": e.reason}
-            for e in expectations.stale(self.run.expectations, records)
+            for e in (expectations.stale(self.run.expectations, records) if self.run.expectations else ())
         ]
         if options.export_digests:
             from ..harness.digests import export
@@ -260,17 +303,20 @@ class ResultRecorder:
         if any(r["kind"] == "nothing-compared" for r in self.completion["reasons"]) and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self.completion["exit_status"] = int(session.exitstatus)
+        self._write(session.config)
+
+    def _write(self, config) -> None:
+        options = self.run.options
         document = self.document()
-        if not self.completion["complete"]:
-            kept = keep_complete_result(options.json_path, self.html_path)
-            if kept:
-                self.notes.append(("yellow", f"kvconform: {options.json_path} held a complete run; kept it as {kept}"))
         from kvconform.reports.html import render_runs
 
         write_atomically(options.json_path, json.dumps(document, indent=1, default=str))
         write_atomically(self.html_path, render_runs([document]))
         self.written = True
-        xml_path = getattr(session.config.option, "xmlpath", None)
+        kept = settle_previous(options.json_path, self.html_path, complete=bool(self.completion and self.completion["complete"]))
+        if kept:
+            self.notes.append(("yellow", f"kvconform: {options.json_path} held a complete run; kept it as {kept}"))
+        xml_path = getattr(config.option, "xmlpath", None)
         if xml_path and os.path.exists(xml_path):
             from kvconform.reports.junit import annotate
 
@@ -303,7 +349,7 @@ class ResultRecorder:
         from kvconform.reports.terminal import render
 
         terminalreporter.write_sep("=", "kvconform")
-        width = terminalreporter._tw.fullwidth
+        width = terminalreporter.config.get_terminal_writer().fullwidth
         terminalreporter.write(render([self.document()], color=terminalreporter.hasmarkup, width=width))
         if self.run.left_out:
             left = ", ".join(f"{name} ({why})" for name, why in self.run.left_out.items())
@@ -311,8 +357,8 @@ class ResultRecorder:
         for entry in self.stale_expectations:
             terminalreporter.write_line(f"kvconform: WARNING stale expectation {entry['file']}:{entry['line']} {entry['pattern']} matches no test that ran", yellow=True)
         for record in self.records.values():
-            if record["outcome"] == "unexpected-pass":
-                terminalreporter.write_line(f"kvconform: UNEXPECTED PASS {record['nodeid']} ({record['message']}) — remove it from the expectations", yellow=True)
+            if record.outcome == UNEXPECTED_PASS:
+                terminalreporter.write_line(f"kvconform: UNEXPECTED PASS {record.nodeid} ({record.message}) — remove it from the expectations", yellow=True)
         for style, line in self.notes:
             terminalreporter.write_line(line, **({style: True} if style else {}))
         if self.lock is not None and self.lock.taken_over is not None:

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from kvconform.conformance.plugin.command import suite_command  # noqa: E402
+from kvconform.conformance.plugin.collection import suite_command  # noqa: E402
 
 PLUGIN = ("-p", "tests.vllm_gpu.plugin")
 FAILING = ("failed", "error", "crashed", "timeout")

@@ -1,0 +1,66 @@
+"""What the plugin shows of itself to a person and leans on in pytest (issue #22): every sweep
+parameter is a documented fixture, runs that execute no test write no results, and the pytest
+internals the plugin uses exist in the pytest versions it supports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from _pytest.config.argparsing import Parser
+
+from kvconform.conformance.plugin import options
+from kvconform.conformance.plugin.collection import SuiteModule, suite_command
+
+SWEEPS_AND_CASE = ("case", "cache_dtype", "fp8_cache_dtype", "size_class", "exported_digests", "peers")
+
+
+def suite(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(suite_command("--kvc-backend", "reference", *args, python=sys.executable), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_fixtures_lists_every_sweep_parameter_with_its_docstring(tmp_path):
+    listing = suite(tmp_path, "--fixtures").stdout
+    for name in SWEEPS_AND_CASE:
+        block = listing.split(f"\n{name}", 1)
+        assert len(block) == 2, f"{name} is not listed"
+        assert not block[1].lstrip(" -").split("\n", 2)[1].strip().startswith("no docstring available"), f"{name} has no docstring"
+
+
+@pytest.mark.parametrize("mode", ["--fixtures", "--collect-only"])
+def test_a_run_that_executes_no_test_writes_no_results(tmp_path, mode):
+    proc = suite(tmp_path, mode, "-m", "shape")
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    written = [p.name for p in (tmp_path / "kvconform-results").glob("results*")]
+    assert written == []
+
+
+def test_this_pytest_is_one_the_plugin_supports():
+    assert int(pytest.__version__.split(".")[0]) in options.SUPPORTED_MAJOR
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestDeprecationWarning")  # Parser() is what the helper is handed at run time
+def test_the_pytest_internals_the_plugin_uses_exist():
+    parser = Parser()
+    parser.getgroup("vendor").addoption("--device")
+    assert "--device" in options.option_names_taken(parser)
+    assert callable(getattr(pytest.Module, "_getobj", None)) and "_getobj" in vars(SuiteModule)
+
+
+def test_every_record_of_a_run_matches_the_schema_derived_from_the_record_type(tmp_path):
+    from kvconform.reports.results import record_schema
+
+    from .suite_runs import run_suite
+
+    schema = record_schema()
+    kinds = {"string": str, "integer": int, "number": (int, float), "array": list, "object": dict, "null": type(None)}
+    records = run_suite(tmp_path, "--kvc-backend", "reference,reference_kv_first", "-m", "shape or split").records
+    assert records
+    for record in records:
+        assert set(record) == set(schema["properties"]), record["nodeid"]
+        for name, rule in schema["properties"].items():
+            allowed = rule["type"] if isinstance(rule["type"], list) else [rule["type"]]
+            assert isinstance(record[name], tuple(kinds[k] for k in allowed)), (record["nodeid"], name, record[name])
+        assert record["outcome"] in schema["properties"]["outcome"]["enum"]
