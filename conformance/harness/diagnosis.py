@@ -56,7 +56,7 @@ WHOLE_MAP = 1 << 22  # caches up to this many elements are mapped whole (and get
 SAMPLED = 256  # differing elements whose blocks a larger cache's partial map covers
 WINDOW = 8  # bytes of context that identify where a run of bytes came from
 DISTINCT = 4  # byte values a window needs to count as evidence (zero pages and fills do not)
-LISTED = 200  # findings returned (the rest are summed up in one not-examined finding)
+LISTED = 64  # findings returned (the rest are summed up in one not-examined finding)
 CANDIDATE_ROWS = 512  # rows compared with a write's input rows
 COMMON_MOVES = 8  # moves of a failure tried on every element left
 
@@ -88,7 +88,7 @@ FAULTS = {
     "zeroed": "zero bytes where the expected bytes are not zero",
     "stray-write": "changed though the op must leave it untouched, to bytes found nowhere else (or page padding written)",
     "unexplained": "none of the above fits",
-    "not-examined": "differing elements past the examined ones (or outside the mapped blocks of a large cache)",
+    "not-examined": "differing elements not explained: past the examined ones, outside the mapped blocks of a large cache, or in groups past the listed ones",
 }
 _ID = {name: i for i, name in enumerate(FAULTS)}
 _MOVES = ("kv-swapped", "neighbour-slot", "neighbour-block", "other-layer", "other-head", "other-element")
