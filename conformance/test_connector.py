@@ -113,15 +113,15 @@ def test_exported_blocks_import_bit_for_bit(case, kv_cache_dtype):
     src_ids, dst_ids = block_ids(g, 3, case.seed).tolist(), block_ids(g, 3, case.seed + 1).tolist()
     source.place(src_ids, model_kv(g, 3, g.num_kv_heads, case.seed))  # every NaN, −0 and edge code is shipped
     unchanged, target = source.snapshot(), allocate_shard(case, case.layout, g, kv_cache_dtype=kv_cache_dtype, seed_offset=100)
-    expected = target.snapshot()
+    before, expected = target.snapshot(), target.snapshot()
     expected.place(dst_ids, source.read(src_ids))
     for src, dst in zip(source.arenas, target.arenas):
         wire = case.backend.export_blocks(src.cache, src.spec, src_ids)
         reference = R.connector.export_blocks(src.region.cpu(), src.spec.layout, src.spec.geometry, src_ids, None, case.backend.wire_layout(src.spec))
         assert_wire_equal(case, reference, wire, src_ids)
         case.backend.import_blocks(dst.cache, dst.spec, dst_ids, wire)
-    assert_shards_equal("connector", case, unchanged, source, "export changed the exported cache")
-    assert_shards_equal("connector", case, expected, target, f"blocks {src_ids} exported, imported into {dst_ids}")
+    assert_shards_equal("connector", case, unchanged, source, "export changed the exported cache", initial=unchanged)
+    assert_shards_equal("connector", case, expected, target, f"blocks {src_ids} exported, imported into {dst_ids}", initial=before)
 
 
 @pytest.mark.kvc_op("wire")
@@ -279,12 +279,12 @@ def test_resharding_gives_every_consumer_rank_exactly_its_heads(case, mode):
         for rank in range(consumer_tp):
             heads = R.connector.rank_heads(total, consumer_tp, rank)
             consumer = allocate_shard(case, target_layout, dataclasses.replace(g, num_kv_heads=len(heads)), seed_offset=1000 + 10 * rank)
-            expected = consumer.snapshot()
+            before, expected = consumer.snapshot(), consumer.snapshot()
             expected.place(c_ids, kv[:, :, :, :, heads.start:heads.stop])
             for s in R.connector.head_slices(total, producer_tp, consumer_tp, rank):
                 ship(case, mode, producers[s.producer_rank], p_ids, s.producer_heads, consumer, c_ids, s.consumer_heads)
             assert_shards_equal("connector", case, expected, consumer, f"TP {producer_tp}→{consumer_tp} ({mode}): consumer rank {rank} "
-                                f"(model heads {heads.start}..{heads.stop - 1} of {total}) from blocks {p_ids} into {c_ids}")
+                                f"(model heads {heads.start}..{heads.stop - 1} of {total}) from blocks {p_ids} into {c_ids}", initial=before)
 
 
 # ----------------------------------------------------------------------------- re-blocking
@@ -304,14 +304,15 @@ def test_block_size_translation_keeps_every_token(case, sizes):
     p_table = block_ids(gp, -(-tokens // producer_n), case.seed).tolist()
     c_table = block_ids(gc, -(-tokens // consumer_n), case.seed + 1).tolist()
     producer.place(p_table, model_kv(gp, len(p_table), gp.num_kv_heads, case.seed))
-    expected = consumer.snapshot()
+    before, expected = consumer.snapshot(), consumer.snapshot()
     for src, want in zip(producer.arenas, expected.arenas):  # token t: (p_table[t // Np], t % Np) → (c_table[t // Nc], t % Nc)
         src_bits = R.storage_bits(src.region, src.spec.geometry)[R.connector.token_offsets(src.spec.layout, src.spec.geometry, p_table, tokens).to(src.region.device)].cpu()
         R.storage_bits(want.region, want.spec.geometry)[R.connector.token_offsets(want.spec.layout, want.spec.geometry, c_table, tokens)] = src_bits
     for src, dst in zip(producer.arenas, consumer.arenas):
         wire = case.backend.export_blocks(src.cache, src.spec, p_table)
         case.backend.import_blocks(dst.cache, dst.spec, c_table, wire, num_tokens=tokens)
-    assert_shards_equal("connector", case, expected, consumer, f"{tokens} tokens from blocks {p_table} (N={producer_n}) into {c_table} (N={consumer_n})")
+    assert_shards_equal("connector", case, expected, consumer, f"{tokens} tokens from blocks {p_table} (N={producer_n}) into {c_table} (N={consumer_n})",
+                        initial=before)
 
 
 # ----------------------------------------------------------------------------- hybrid models
@@ -361,12 +362,12 @@ def test_hybrid_model_groups_round_trip_each_with_its_own_geometry(case):
     for number, g, kv_dtype, source, target in groups:
         src_ids, dst_ids = block_ids(g, 2, case.seed + number).tolist(), block_ids(g, 2, case.seed + number + 7).tolist()
         source.place(src_ids, model_kv(g, 2, g.num_kv_heads, case.seed + number))
-        expected = target.snapshot()
+        before, expected = target.snapshot(), target.snapshot()
         expected.place(dst_ids, source.read(src_ids))
         halves = [range(0, g.num_kv_heads // 2), range(g.num_kv_heads // 2, g.num_kv_heads)] if g.num_kv_heads > 1 else [range(1)]
         for heads in halves:  # as a connector resharding each group to two ranks slices it
             ship(case, "wire", source, src_ids, heads, target, dst_ids, heads)
-        assert_shards_equal("connector", case, expected, target, f"layer group {number} ({g.short()}, kv_cache_dtype {kv_dtype})")
+        assert_shards_equal("connector", case, expected, target, f"layer group {number} ({g.short()}, kv_cache_dtype {kv_dtype})", initial=before)
 
 
 # ----------------------------------------------------------------------------- descriptor and handshake

@@ -372,3 +372,20 @@ def test_a_passing_comparison_builds_no_diagnosis(monkeypatch):
     twin = Twin()
     twin.write([2 * N])
     assert_bytes_equal("write", CASE, twin.expected, twin.actual, initial=twin.initial, writes=twin.writes)
+
+
+@pytest.mark.parametrize("hair, story", [
+    (+1, "toward zero, each a hair off a tie: truncated, or near-ties rounded as ties"),
+    (-1, "values a hair off a tie (x / scale = tie·(1 ± 2^-20)) rounded as ties, not to the nearer code"),
+], ids=["above-the-tie", "below-the-tie"])
+def test_near_ties_rounded_as_ties_are_told_from_truncation(hair, story):
+    twin, _ = fp8_twin(torch.float8_e4m3fn)
+    grid = R.fp8.decode_codes(torch.arange(0x38, 0x50, dtype=torch.uint8), "float8_e4m3fn")  # 1.0 .. 7.0
+    ties = (grid[1:] + grid[:-1]) / 2
+    y = (ties[:8] * (1 + hair * 2.0**-20)).repeat(2, H, 1)  # a hair off each tie: the code on that side is the nearer
+    twin.write([2 * 16 + 3, 4 * 16 + 9], key=y, value=y, into=("expected",))
+    nearer = R.fp8.quantize(y, 1.0, "float8_e4m3fn").view(torch.uint8)
+    write_codes(twin, None, nearer - hair, nearer - hair)  # the tie's other side
+    found = twin.diagnose()
+    assert {f.fault for f in found} == {"fp8-rounding"}, lines(found)
+    assert all(f.sentence.endswith(story) for f in found), lines(found)

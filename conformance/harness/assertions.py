@@ -4,7 +4,7 @@ Every byte comparison that fails reads like::
 
     write: 192 elements differ (cache of 36864 bytes + 256-byte guards)
       where the wrong bytes came from:
-        kv-swapped: K[b=1, s=15, h=0..2] holds V[b=1, s=15]'s bytes: K and V swapped; V[b=1, s=15, h=0..2] is untouched
+        kv-swapped: K[b=1, s=15, h=0..2] holds V[b=1, s=15]'s bytes: K and V swapped; V[b=1, s=15] is untouched
         never-written: V[b=1, s=15, h=0..2] was never written: it still holds its initial bytes; its bytes are at K[b=1, s=15, h=0..2]
       first differing elements (192 elements in 2 rows (layer, block, kv, slot); the first of each row first):
       layer=0 block=1 kv=K slot=15 head=0 dim=0: expected 3f 80, actual 00 00
@@ -83,8 +83,8 @@ def assert_bytes_equal(prop: str, case: Case, expected: Arena, actual: Arena, no
 
     A failure says where the wrong bytes came from (diagnosis.py) before the first differing
     rows: ``initial`` (the arena before the op), a write's ``writes`` and ``zero_fill`` (the
-    arena reads zeros where nothing wrote) let it say more; none of them costs a passing check
-    anything."""
+    arena reads zeros where nothing wrote) let it say more. They are read only when bytes differ;
+    a passing check pays for nothing but the caller's snapshot of ``initial``."""
     e = actual.spec.geometry.element_size
     if pages is None:
         case.facts.compared(actual.buffer)
@@ -118,7 +118,7 @@ def _failure_report(prop, expected, actual, want, got, differs, note, initial, w
         *(f"    {f.line()}" for f in _in_message(findings)),
     ]
     if len(findings) > len(_in_message(findings)):
-        lines.append(f"    … {len(findings) - len(_in_message(findings))} more findings (the results' failure.diagnosis lists them)")
+        lines.append(f"    … {len(findings) - len(_in_message(findings))} more findings (failure.diagnosis in the results lists them)")
     lines.append(f"  first differing elements ({rows}; the first of each row first):")
     mismatches = []
     for element, where in zip(shown, _places(actual, shown, grid)):

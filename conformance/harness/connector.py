@@ -83,11 +83,12 @@ def model_kv(g: R.Geometry, num_blocks: int, total_heads: int, seed: int) -> tor
     return flat.view(shape)
 
 
-def assert_shards_equal(prop: str, case: Case, expected: Shard, actual: Shard, note: str = "") -> None:
-    """Every arena of the shard (guards included) equals the reference's, byte for byte."""
+def assert_shards_equal(prop: str, case: Case, expected: Shard, actual: Shard, note: str = "", *, initial: Shard | None = None) -> None:
+    """Every arena of the shard (guards included) equals the reference's, byte for byte
+    (``initial``: the shard before the op, for a failure's diagnosis)."""
     for i, (want, got) in enumerate(zip(expected.arenas, actual.arenas)):
         where = f"layers {actual.layers[i].start}..{actual.layers[i].stop - 1}" if len(actual.arenas) > 1 else ""
-        assert_bytes_equal(prop, case, want, got, "; ".join(x for x in (note, where) if x))
+        assert_bytes_equal(prop, case, want, got, "; ".join(x for x in (note, where) if x), initial=initial.arenas[i] if initial else None)
 
 
 def cache_origin(arena: Arena) -> int:

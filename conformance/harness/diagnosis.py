@@ -56,7 +56,7 @@ WHOLE_MAP = 1 << 22  # caches up to this many elements are mapped whole (and get
 SAMPLED = 256  # differing elements whose blocks a larger cache's partial map covers
 WINDOW = 8  # bytes of context that identify where a run of bytes came from
 DISTINCT = 4  # byte values a window needs to count as evidence (zero pages and fills do not)
-LISTED = 200  # findings returned (the rest are summed up in one not-examined finding)
+LISTED = 64  # findings returned (the rest are summed up in one not-examined finding)
 CANDIDATE_ROWS = 512  # rows compared with a write's input rows
 COMMON_MOVES = 8  # moves of a failure tried on every element left
 
@@ -88,7 +88,7 @@ FAULTS = {
     "zeroed": "zero bytes where the expected bytes are not zero",
     "stray-write": "changed though the op must leave it untouched, to bytes found nowhere else (or page padding written)",
     "unexplained": "none of the above fits",
-    "not-examined": "differing elements past the examined ones (or outside the mapped blocks of a large cache)",
+    "not-examined": "differing elements not explained: past the examined ones, outside the mapped blocks of a large cache, or in groups past the listed ones",
 }
 _ID = {name: i for i, name in enumerate(FAULTS)}
 _MOVES = ("kv-swapped", "neighbour-slot", "neighbour-block", "other-layer", "other-head", "other-element")
@@ -314,6 +314,7 @@ class _Diagnosis:
         self.fault = torch.full((n,), -1, dtype=torch.int64)
         self.source = torch.full((n,), -1, dtype=torch.int64)
         self.tag = torch.zeros(n, dtype=torch.int64)
+        self.scaled = torch.full((n,), float("nan"))  # x / scale, where a write's input is known (fp8)
 
     # ------------------------------------------------------------------ helpers
     def open(self) -> torch.Tensor:
@@ -675,6 +676,7 @@ def _element_transforms(d: _Diagnosis):
     yield "bit-flip", _popcount(d.w ^ d.a) == 1
     adjacent = ((w_codes & 0x80) == (a_codes & 0x80)) & ((w_codes & 0x7F).int() - (a_codes & 0x7F).int()).abs().eq(1)
     y = x / safe  # where a write's input is known, the wrong code must lie on the other side of x / scale
+    d.scaled = torch.where(known, y, float("nan"))
     adjacent &= ~known | ((got - y) * (want - y) <= 0)
     yield "fp8-rounding", torch.isfinite(want) & torch.isfinite(got) & adjacent
     yield "value-cast", (want == got) | (torch.isnan(want) & torch.isnan(got))
@@ -868,9 +870,19 @@ class _Report:
             return f"values ×{float(ratio.median()):.4g} of the expected: a scale applied the wrong way or to the wrong side"
         if fault == "fp8-rounding":
             fmt = R.fp8.fp8_format(d.g.dtype)
-            smaller = R.fp8.decode_codes(d.a[members].view(torch.uint8), fmt).abs() < R.fp8.decode_codes(d.w[members].view(torch.uint8), fmt).abs()
-            how = ", toward zero: truncated instead of rounded to nearest-even" if bool(smaller.all()) else \
-                ": not the nearest code (near-ties taken for ties?)"
+            got = R.fp8.decode_codes(d.a[members].view(torch.uint8), fmt)
+            want = R.fp8.decode_codes(d.w[members].view(torch.uint8), fmt)
+            tie, y = (got + want) / 2, d.scaled[members]
+            near_ties = bool((~torch.isnan(y)).all()) and bool(((y - tie).abs() <= tie.abs() * 2.0**-16).all())
+            toward_zero = bool((got.abs() < want.abs()).all())
+            if near_ties and toward_zero:
+                how = ", toward zero, each a hair off a tie: truncated, or near-ties rounded as ties"
+            elif near_ties:
+                how = ": values a hair off a tie (x / scale = tie·(1 ± 2^-20)) rounded as ties, not to the nearer code"
+            elif toward_zero:
+                how = ", toward zero: truncated instead of rounded to nearest-even"
+            else:
+                how = ": not rounded to the nearest code (ties to even)"
             return f"{n} code{'s' if n > 1 else ''} one step from the expected{how}"
         if fault == "value-cast":
             return "the same values with other bits (NaN payload or −0): a value cast where a bit copy was meant"
