@@ -80,10 +80,10 @@ def report(label: str, wall: float, document: dict, workers: int, spent: dict | 
               f"(start-up {parts['startup_s']:.1f} s, between tests {parts['between_tests_s']:.1f} s, after the last test "
               f"{parts['tail_s']:.1f} s); controller after the last test {spent['controller_after_last_test_s']:.1f} s, "
               f"after the session {spent['after_session_s']:.1f} s")
-        print("   worker  start-up (spawn+imports / configure / collection)  tests  inside  between  tail")
+        print("   worker  start-up = spawn + imports&configure + collection + wait   tests  inside  between  tail (s)")
         for name, w in sorted(rows.items(), key=lambda kv: int(kv[0][2:]) if kv[0][2:].isdigit() else 0):
-            print(f"   {name:>6}  {w['startup_s']:6.1f} s ({w['spawned_after_s'] + w['imports_s']:4.1f} / {w['configure_s']:4.1f} / "
-                  f"{w['collection_s']:4.1f})            {w['tests']:5d}  {w['inside_tests_s']:6.1f}  {w['between_tests_s']:7.1f}  {w['tail_s']:5.1f}")
+            print(f"   {name:>6}  {w['startup_s']:6.1f} = {w['spawned_after_s']:4.1f} + {w['imports_configure_s']:4.1f} + {w['collection_s']:4.1f} + "
+                  f"{w['first_test_wait_s']:4.1f}          {w['tests']:5d}  {w['inside_tests_s']:6.1f}  {w['between_tests_s']:7.1f}  {w['tail_s']:5.1f}")
         summary.update(outside_tests_s=round(outside, 2), **{f"outside_{k}": round(v, 2) for k, v in parts.items()},
                        controller_after_last_test_s=round(spent["controller_after_last_test_s"], 2),
                        worker_startup_s=[round(w["startup_s"], 2) for w in rows.values()])

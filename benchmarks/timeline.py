@@ -120,7 +120,8 @@ def load(directory) -> dict[str, list[dict]]:
 
 
 def summary(directory, started: float, ended: float) -> dict:
-    """The run's time per worker: start-up (process start, or the run's, to its first test),
+    """The run's time per worker: start-up (from the run's start to its first test: spawn, imports
+    and configure, collection, waiting for tests),
     time inside tests, gaps between tests, the tail after its last test; the controller's
     collection-to-first-result and after-last-result times. ``started``/``ended``: the run's
     wall clock as the caller measured it."""
@@ -131,14 +132,15 @@ def summary(directory, started: float, ended: float) -> dict:
             continue
         tests = _tests(events)
         first = events[0]["t"] or started
-        configure = next((e["t"] for e in events if e["event"] == "configure-start"), first)
-        session = next((e["t"] for e in events if e["event"] == "session-start"), configure)
+        session = next((e["t"] for e in events if e["event"] == "session-start"), first)
         collected = next((e["t"] for e in events if e["event"] == "collected"), session)
         inside = sum(end - start for _, start, end in tests)
         begin, finish = (tests[0][1], tests[-1][2]) if tests else (ended, ended)
         workers[name] = {
-            "spawned_after_s": first - started, "imports_s": configure - first, "configure_s": session - configure,
-            "collection_s": collected - session, "startup_s": begin - started, "tests": len(tests), "inside_tests_s": inside,
+            "spawned_after_s": first - started,  # the run's start to this process's
+            "imports_configure_s": session - first,  # interpreter, imports, every plugin's configure (backends, device)
+            "collection_s": collected - session, "first_test_wait_s": begin - collected,  # then waiting for its first tests
+            "startup_s": begin - started, "tests": len(tests), "inside_tests_s": inside,
             "between_tests_s": (finish - begin) - inside, "tail_s": ended - finish,
         }
     controller = processes.get("controller", [])

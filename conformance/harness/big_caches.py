@@ -74,6 +74,8 @@ def probe_arena(case: Case, spec: CacheSpec, *, host: bool = False) -> Arena:
         arena.cache = case.backend.allocate(storage_of_its_own(arena.region), spec)
         return arena
     if case.device != "cpu" or case.huge:
+        if not host and case.device != "cpu":
+            torch.cuda.empty_cache()  # the last probe's gigabytes go back to the GPU, for the other workers' probes
         return case.allocate(spec, host=host, seed_offset=int(host), zero=not case.huge)
     case.built(spec)
     arena = LazyArena(lazy_zeros(2 * GUARD + spec.layout.nbytes(spec.geometry)), spec)
