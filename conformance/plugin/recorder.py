@@ -124,7 +124,7 @@ def payload(planned, state: dict, case) -> dict:
     """What one phase report carries to the controller: the record so far, and what a crash
     verdict needs (serialised once, as plain JSON types)."""
     decided = state["verdict"]
-    facts = case.facts.as_record_fields() if case is not None else {}
+    facts = {name: value for name, value in case.facts.as_record_fields().items() if value is not None} if case is not None else {}
     return {"record": {**planned.record_fields(), **facts, "duration_s": round(state["duration_s"], 4),
                        **(decided.record_fields() if decided else {})},
             "decided": decided is not None, "expected": planned.expected, "needs": list(planned.needs)}
