@@ -6,6 +6,7 @@ Arenas are filled with a counter (every 8-byte window unique), written rows are 
 from the fill; N, H, D are pairwise distinct and written blocks are ≥ 2, so a wrong block, slot,
 head or dim shows as a wrong number."""
 
+import dataclasses
 import json
 import types
 
@@ -159,7 +160,8 @@ def test_shuffled_tiles_in_the_wrong_form_name_the_form(form):
     key = (torch.randn(2, H, 32, generator=torch.Generator().manual_seed(0)) * 4).to(torch.bfloat16)
     twin.write([2 * 16 + 1, 3 * 16 + 7], key=key, value=key * 0.5 + 1, into=("expected",))
     if form == "v-in-k-tile":
-        wrong, g, what = dataclasses_replace_v(shuffle), twin.g, "V in K's tile form [D/x,N,x]"
+        v_in_k_form = dataclasses.replace(shuffle, v_dims=shuffle.v_dims[:-4] + shuffle.k_dims[-4:])
+        wrong, g, what = v_in_k_form, twin.g, "V in K's tile form [D/x,N,x]"
     else:
         wrong, g, what = shuffle, R.Geometry(num_blocks=B, block_size=16, num_kv_heads=H, head_size=32, dtype=torch.bfloat16), \
             "x = 16 // 2 = 8 (of a 2-byte dtype) instead of 16"
@@ -177,11 +179,6 @@ def test_shuffled_tiles_in_the_wrong_form_name_the_form(form):
     assert any(f.fault == "wrong-layout" and f"where {what} puts them" in f.sentence for f in found), lines(found)
 
 
-def dataclasses_replace_v(layout):
-    import dataclasses
-    return dataclasses.replace(layout, v_dims=layout.v_dims[:-4] + layout.k_dims[-4:])
-
-
 def test_a_padding_token_and_an_extra_key_row_are_named_by_their_row():
     twin = Twin()
     key, value = twin.write([2 * N + 1, -1, 3 * N + 2], rows=5, into=("expected", "actual"))
@@ -194,13 +191,13 @@ def test_a_padding_token_and_an_extra_key_row_are_named_by_their_row():
     ]
 
 
-def fp8_twin(dtype, fill_rows=None):
+def fp8_twin(dtype):
     twin = Twin(dtype=dtype, block_size=16, head_size=8)
     x = torch.tensor([0.3, -1.7, 2.6, -0.0, -1e-9, 300.0, float("nan"), 1.1]).repeat(2, H, 1).to(torch.bfloat16)
     return twin, x
 
 
-def write_codes(twin, x, k_codes, v_codes, slots=(2 * 16 + 3, 4 * 16 + 9)):
+def write_codes(twin, k_codes, v_codes, slots=(2 * 16 + 3, 4 * 16 + 9)):
     """The actual arena: the rows of the given uint8 codes at the slots' rows."""
     bits = twin.actual.region
     for kv, codes in ((K, k_codes), (V, v_codes)):
@@ -238,7 +235,7 @@ def test_fp8_codes_under_a_known_transformation_name_it(fault, how):
             codes.append(torch.where(over & (q & 0x7F != 0), q - 1, q))
     else:  # fp8-nan: NaN saturated to +max
         codes = [R.fp8.quantize(torch.nan_to_num(y, nan=448.0), 1.0, fmt).view(torch.uint8) for y in (k, v)]
-    write_codes(twin, x, *codes)
+    write_codes(twin, *codes)
     found = twin.diagnose()
     assert {f.fault for f in found} == {fault}, lines(found)
     assert all(f.sentence.split(": ", 1)[1].endswith(how) for f in found), lines(found)
@@ -249,7 +246,7 @@ def test_a_constant_factor_without_the_inputs_is_named_value_scaled():
     x = torch.linspace(-3, 3, 2 * H * 8).view(2, H, 8).to(torch.bfloat16)
     twin.write([2 * 16 + 3, 4 * 16 + 9], key=x, value=x, k_scale=0.5, v_scale=0.5)
     codes = [R.fp8.quantize(x.float() / 2, 1.0, "float8_e4m3fn").view(torch.uint8)] * 2  # scale 2 where 0.5 was meant
-    write_codes(twin, x, *codes)
+    write_codes(twin, *codes)
     found = twin.diagnose(writes=False)
     assert {f.fault for f in found} == {"value-scaled"}, lines(found)
     assert found[0].sentence.endswith("values ×0.25 of the expected: a scale applied the wrong way or to the wrong side")
@@ -385,7 +382,7 @@ def test_near_ties_rounded_as_ties_are_told_from_truncation(hair, story):
     y = (ties[:8] * (1 + hair * 2.0**-20)).repeat(2, H, 1)  # a hair off each tie: the code on that side is the nearer
     twin.write([2 * 16 + 3, 4 * 16 + 9], key=y, value=y, into=("expected",))
     nearer = R.fp8.quantize(y, 1.0, "float8_e4m3fn").view(torch.uint8)
-    write_codes(twin, None, nearer - hair, nearer - hair)  # the tie's other side
+    write_codes(twin, nearer - hair, nearer - hair)  # the tie's other side
     found = twin.diagnose()
     assert {f.fault for f in found} == {"fp8-rounding"}, lines(found)
     assert all(f.sentence.endswith(story) for f in found), lines(found)
