@@ -75,6 +75,9 @@ def _target(name: str) -> str:
     return registered().get(name, name)
 
 
+_SHORT_NAME = re.compile(r"[A-Za-z_][\w\-]*")  # a name an adapter class may declare for itself
+
+
 def registered_name(spec: str, backend: Backend) -> str:
     """The name a ``pkg.module:attr`` backend goes by, so that test ids and an expectations file
     written for ``acme`` also match a run of ``acme_kv.kvconform_adapter:AcmeBackend``: the name
@@ -90,9 +93,6 @@ def registered_name(spec: str, backend: Backend) -> str:
     if isinstance(declared, str) and _SHORT_NAME.fullmatch(declared) and declared not in names:
         return declared
     return spec
-
-
-_SHORT_NAME = re.compile(r"[A-Za-z_][\w\-]*")
 
 
 def load(name: str) -> Loaded:

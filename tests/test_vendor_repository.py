@@ -281,6 +281,12 @@ def test_every_path_the_caller_gives_is_resolved_against_the_callers_directory()
     assert resolved[2 * len(names):] == ["--kvc-json=/caller/y.json", "-m", "write", "--kvc-seed", "3", "/abs/z"]
 
 
+def test_kvconform_run_refuses_a_results_path_of_its_own_before_starting_anything(tmp_path, capsys):
+    """``kvconform run`` names each backend's results under ``--out``; a ``--kvc-json`` after ``--`` would make them collide."""
+    assert isolation.run(["reference"], ["--kvc-json", "r.json"], str(tmp_path / "out"), 60.0, 1) == 4
+    assert "--kvc-json" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
 class TinyBackend(ReferenceBackend):
     name = "tiny"
 
