@@ -63,6 +63,7 @@ from kvconform import reference as R
 
 from . import triton_interpreter
 from .contract import Backend, BackendUnavailable, Capabilities, OpUnavailable
+from .triton_backends import device_arch
 
 AITER_ENV = "KVCONFORM_AITER"
 PINNED = "amd-aiter==0.1.7.post2.dev18"  # what docs/REAL_KERNELS.md's verdicts were measured on
@@ -148,12 +149,7 @@ class AiterBackend(Backend):
                 "triton": triton.__version__, "triton_mode": mode, "aiter": self._version, "aiter_kernel": f"{MODULE}.fused_qk_rope_reshape_and_cache"}
 
     def arch(self):
-        if self.platform == "rocm":
-            return torch.cuda.get_device_properties(0).gcnArchName.split(":")[0]
-        if self.platform == "cuda":
-            major, minor = torch.cuda.get_device_capability()
-            return f"sm{major}{minor}"
-        return ""
+        return device_arch(self.platform)
 
     def undeclared_op(self, op):
         if op in NOT_AITERS:

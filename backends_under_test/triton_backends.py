@@ -60,12 +60,7 @@ class TritonBackend(Backend):
         return {"torch": torch.__version__, "triton": triton.__version__, "triton_mode": mode}
 
     def arch(self):
-        if self.platform == "rocm":
-            return torch.cuda.get_device_properties(0).gcnArchName.split(":")[0]
-        if self.platform == "cuda":
-            major, minor = torch.cuda.get_device_capability()
-            return f"sm{major}{minor}"
-        return ""
+        return device_arch(self.platform)
 
     def allocate(self, buffer, spec):
         shape, strides = spec.layout.view_shape_strides(spec.geometry)
@@ -171,3 +166,13 @@ class TritonRocmAttn(TritonBackend):
         B, N, H, D, x = g.num_blocks, g.block_size, g.num_kv_heads, g.head_size, g.x
         k, v = cache.unbind(0)
         return k.view(B, H, D // x, N, x), v.view(B, H, D, N)
+
+
+def device_arch(platform: str) -> str:
+    """The GPU architecture a backend of ``platform`` runs on here: ``gfx942``, ``sm90``, or '' on the CPU."""
+    if platform == "rocm":
+        return torch.cuda.get_device_properties(0).gcnArchName.split(":")[0]
+    if platform == "cuda":
+        major, minor = torch.cuda.get_device_capability()
+        return f"sm{major}{minor}"
+    return ""
