@@ -18,10 +18,11 @@ from kvconform.conformance.harness.big_caches import (PAGE, LazyArena, PinnedAre
                                                       lazy_zeros, nonzero_pages, touched_pages)
 from kvconform.conformance.plugin.collection import suite_command
 from kvconform.conformance.harness.case import GUARD, Arena
+from kvconform.conformance.harness.facts import TestFacts
 
 from .suite_runs import ROOT
 
-CASE = types.SimpleNamespace(layout=None, repro="repro-line", device=None)
+CASE = types.SimpleNamespace(layout=None, repro="repro-line", device=None, facts=TestFacts())
 
 
 def lazy_arena(spec: CacheSpec) -> LazyArena:

@@ -19,11 +19,12 @@ from kvconform.conformance.harness import diagnosis
 from kvconform.conformance.harness.assertions import ConformanceFailure, assert_bytes_equal
 from kvconform.conformance.harness.big_caches import LazyArena, assert_arenas_equal, lazy_zeros
 from kvconform.conformance.harness.case import GUARD, Arena
+from kvconform.conformance.harness.facts import TestFacts
 from kvconform.conformance.harness.diagnosis import FAULTS, WriteInputs, diagnose
 
 B, N, H, D = 6, 5, 3, 4
 K, V = 0, 1
-CASE = types.SimpleNamespace(layout=None, repro="repro-line")
+CASE = types.SimpleNamespace(layout=None, repro="repro-line", facts=TestFacts())
 NHD = R.blocks_first("NHD")
 
 

@@ -19,6 +19,7 @@ EDGES = "test_fp8_codes_equal_the_reference_encoder_for_edge_values"
 WRITE = "test_written_elements_land_at_reference_offsets_and_nothing_else_changes"
 SWAP_OUT = "test_swap_out_places_each_block_at_its_host_slot"
 RESHARD = "test_resharding_gives_every_consumer_rank_exactly_its_heads"
+HYBRID = "test_hybrid_model_groups_round_trip_each_with_its_own_geometry"
 
 # mutant: (the fault class its failure names, the check that shows it, the test id after "mutant:NAME-")
 NAMED = {
@@ -58,7 +59,10 @@ NAMED = {
     "connector_nhd_slice_as_hnd": ("other-element", RESHARD, "E1:NHD-regions"),
     "connector_import_into_a_copy": ("never-written", RESHARD, "E1:NHD-wire"),
     "connector_reblock_drops_last_partial_block": ("never-written", "test_block_size_translation_keeps_every_token", "E1:NHD-N32to16"),
-    "connector_hybrid_group_other_head_size": ("never-written", "test_hybrid_model_groups_round_trip_each_with_its_own_geometry", "E1:NHD"),
+    "connector_hybrid_group_other_head_size": ("never-written", HYBRID, "E1:NHD"),
+    "connector_hybrid_group_first_block_size": ("stray-write", HYBRID, "E1:NHD"),
+    "connector_export_head_range_from_first_head": ("other-head", HYBRID, "E1:NHD"),
+    "connector_multi_head_slice_head_major": ("other-element", "test_exported_head_ranges_import_bit_for_bit", "E1:NHD"),
 }
 
 # Mutants aimed at a byte-comparing family whose failures name no fault class, and why.
@@ -69,8 +73,15 @@ UNNAMED = {
     "connector_head_slice_off_by_one": "the consumer holds another rank's heads, bytes found nowhere in the consumer's own "
                                        "cache: unexplained (regions are checked as regions)",
     "connector_regions_dense_plane_block_stride": "its failures are region coverage, not bytes",
+    "connector_regions_repeat_a_run": "its failures are region coverage, not bytes",
+    "connector_import_bytes_of_another_dtype": "its failure is a refusal verdict (the wire had to be refused or converted), not bytes",
+    "connector_import_assumes_own_wire_layout": "its failures are interop cells, each summarised by its first wrong element",
     "connector_descriptor_guesses_layout_from_shape": "its failures are a descriptor's facts, not bytes",
     "connector_handshake_accepts_inexact_fnuz_scale": "its failures are handshake verdicts, not bytes",
+    "connector_handshake_ignores_layer_grouping": "its failures are handshake verdicts, not bytes",
+    "connector_handshake_k_scale_only": "its failures are handshake verdicts, not bytes",
+    "connector_handshake_layout_by_shape": "its failures are handshake verdicts, not bytes",
+    "connector_handshake_slices_ignore_replication": "its failures are handshake plans, not bytes",
 }
 
 

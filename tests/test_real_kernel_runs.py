@@ -5,7 +5,10 @@ that passed is listed, every entry failed there; and the probes' logs say what t
 
 from __future__ import annotations
 
+import ast
 import gzip
+import importlib
+import importlib.util
 import json
 import re
 
@@ -91,3 +94,19 @@ def test_flashinfers_append_paged_kv_cache_lands_where_the_reference_puts_each_t
 def test_aiters_fp8_codes_differ_only_where_an_identity_rope_changes_k():
     fp8 = [line for line in (RUN / "aiter" / "probes.txt").read_text().splitlines() if "ties:" in line]
     assert len(fp8) == 8 and all(line.endswith("V 0, K: other 0") for line in fp8)
+
+
+GPU_ONLY_SCRIPTS = sorted((ROOT / "tests").glob("*_gpu/*.py"))
+
+
+@pytest.mark.parametrize("script", GPU_ONLY_SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_kvconform_name_a_gpu_only_script_imports_exists(script):
+    """The device recipes only run on the H200, so a renamed helper would first break there:
+    every ``from kvconform.X import name`` they hold must resolve on this machine."""
+    missing = []
+    for node in ast.walk(ast.parse(script.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kvconform"):
+            module = importlib.import_module(node.module)
+            missing += [f"{node.module}.{a.name}" for a in node.names
+                        if not hasattr(module, a.name) and importlib.util.find_spec(f"{node.module}.{a.name}") is None]
+    assert missing == []

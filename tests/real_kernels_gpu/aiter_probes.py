@@ -22,7 +22,7 @@ import torch
 from kvconform import reference as R
 from kvconform.backends_under_test import aiter_backend
 from kvconform.backends_under_test.contract import CacheSpec
-from kvconform.conformance.harness import fp8_edge_rows
+from kvconform.conformance.harness.case import fp8_edge_rows
 
 D = 64
 

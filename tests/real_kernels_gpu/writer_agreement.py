@@ -23,7 +23,7 @@ import torch
 from kvconform import reference as R
 from kvconform.backends_under_test import vllm_cuda_ops
 from kvconform.backends_under_test.contract import CacheSpec
-from kvconform.conformance.harness import fp8_edge_rows, token_rows
+from kvconform.conformance.harness.case import fp8_edge_rows, token_rows
 
 B, N, H, D = 8, 16, 2, 128
 SLOTS = [3, 17, 18, 40, 77, 95, 100, 127]
