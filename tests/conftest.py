@@ -1,9 +1,23 @@
-"""Hypothesis budgets for kvconform's own tests (``KVCONFORM_TEST_PROFILE=quick|full``)."""
+"""Hypothesis budgets for kvconform's own tests (``KVCONFORM_TEST_PROFILE=quick|full``), and the
+suite runs against the real vLLM that several test modules read."""
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("quick", max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 settings.register_profile("full", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("KVCONFORM_TEST_PROFILE", "quick"))
+
+
+@pytest.fixture(scope="session")
+def vllm_runs(tmp_path_factory):
+    """The single-process suite runs against the real vLLM (tests/vllm_cpu/runs.py), forked from
+    one set-up: name -> results document with its exit status."""
+    from .vllm_cpu.runs import run_all
+
+    python = os.environ.get("KVCONFORM_VLLM_PYTHON")
+    if not python:
+        pytest.fail("KVCONFORM_REQUIRE_VLLM=1 but KVCONFORM_VLLM_PYTHON is not set")
+    return run_all(python, tmp_path_factory.mktemp("vllm-runs"))

@@ -6,7 +6,6 @@ from collections import defaultdict
 import pytest
 
 from kvconform.backends_under_test.mutants import MUTANTS
-from kvconform.conformance.plugin.collection import FAMILIES
 
 from .suite_runs import run_suite as run_suite_process
 
@@ -17,8 +16,9 @@ CORRECT = {
 
 
 def run_focused(tmp_path_factory, backends, standard, *extra):
-    """The suite under xdist; mutants run only the families they are aimed at (tests/mutant_focus.py)."""
-    return run_suite_process(tmp_path_factory.mktemp("suite"), "-n", "2", "-p", "tests.mutant_focus", "--backend", ",".join(backends),
+    """The suite under xdist; mutants run only the families they are aimed at (tests/mutant_focus.py).
+    Failures are told in one line each (``--tb=line``): the records carry what failed and why."""
+    return run_suite_process(tmp_path_factory.mktemp("suite"), "-n", "2", "-p", "tests.mutant_focus", "--tb=line", "--backend", ",".join(backends),
                              "--standard", standard, *extra)
 
 
@@ -38,23 +38,12 @@ PLAIN = sorted(m for m, cls in MUTANTS.items() if not cls.suite_args)
 NEEDS_OPTIONS = sorted(m for m, cls in MUTANTS.items() if cls.suite_args)
 
 
-# Each mutant runs the families it is aimed at, in one of these runs; the correct backends run
-# in all of them, so every family. (All mutants on all families take several times as long.)
-FAMILY_GROUPS = ("write or shuffle or equivalence", "swap or copy or read", "shape or split or gating or connector")
-
-
-def test_the_family_groups_cover_every_family():
-    assert sorted(f for group in FAMILY_GROUPS for f in group.split(" or ")) == sorted(FAMILIES)
-
-
+# One run: every mutant on the families it is aimed at, the correct backends on every family.
+# (All mutants on all families take several times as long; three runs, one per group of
+# families, paid the start-up of a controller and two workers three times.)
 @pytest.fixture(scope="module")
 def e1_results(tmp_path_factory):
-    results = defaultdict(dict)
-    for group in FAMILY_GROUPS:
-        aimed = [f"mutant:{m}" for m in PLAIN if set(MUTANTS[m].catches) & set(group.split(" or "))]
-        for backend, families in run_suite(tmp_path_factory, aimed + [b for b, s in CORRECT.items() if s == "e1"], "e1", "-m", group).items():
-            results[backend].update(families)
-    return dict(results)
+    return run_suite(tmp_path_factory, [f"mutant:{m}" for m in PLAIN] + [b for b, s in CORRECT.items() if s == "e1"], "e1")
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from .suite_runs import ROOT, run_suite
+from .vllm_cpu.runs import UNIFIED_SHUFFLE
 
 VLLM_PYTHON = os.environ.get("KVCONFORM_VLLM_PYTHON")
 PLUGIN = ["-p", "tests.vllm_cpu.plugin"]
@@ -32,6 +33,13 @@ def suite(python, tmp_path, *args, env=None):
     if run.document is None:
         pytest.fail(f"no results from {' '.join(run.proc.args)}:\n{run.output}")
     return {**run.document, "exit_status": run.returncode}
+
+
+def forked(vllm_runs, name):
+    """One of the single-backend runs forked from one set-up (tests/vllm_cpu/runs.py)."""
+    run = vllm_runs[name]
+    assert run is not None, f"{name}: the suite wrote no results"
+    return run
 
 
 def records(run, backend, family=None):
@@ -133,34 +141,32 @@ def test_fp8_under_the_interpreter_is_not_applicable_with_the_reason(gfx942):
 
 
 @needs_vllm
-def test_unified_shuffle_on_gfx1250_fails_f18_and_a_vendor_can_gate_on_it(tmp_path):
+def test_unified_shuffle_on_gfx1250_fails_f18_and_a_vendor_can_gate_on_it(vllm_runs):
     """SPEC F.18: on gfx1250 with the shuffled cache, ROCM_AITER_UNIFIED_ATTN unbinds dim 0
     of the [B, H, N, C] view — vLLM's own non-conformance. Without expectations the run fails;
     with docs/expectations/vllm-0.33.0.txt it is known (exit 0) and nothing else failed."""
-    backend = "vllm:ROCM_AITER_UNIFIED_ATTN+shuffle"
-    args = (*PLUGIN, "--backend", backend, "--standard", "e3")
-    env = {"KVCONFORM_STANDIN_GFX": "gfx1250"}
-    plain = suite(VLLM_PYTHON, tmp_path / "plain", *args, env=env)
+    backend = UNIFIED_SHUFFLE
+    plain = forked(vllm_runs, "unified-shuffle")
     splits = [r for r in records(plain, backend, "split") if r["outcome"] != "not-applicable"]
     assert plain["exit_status"] == 1 and splits and all(r["outcome"] == "failed" and "F.18" in r["message"] for r in splits)
-    gated = suite(VLLM_PYTHON, tmp_path / "gated", *args, "--expectations", os.path.join(ROOT, "docs", "expectations", "vllm-0.33.0.txt"), env=env)
+    gated = forked(vllm_runs, "unified-shuffle-gated")  # with --expectations docs/expectations/vllm-0.33.0.txt
     assert gated["exit_status"] == 0 and gated["stale_expectations"] == []
     assert {r["outcome"] for r in records(gated, backend)} == {"passed", "not-applicable", "expected-failure"}
 
 
 @needs_vllm
-def test_e1_era_blocks_first_declaration_passes(tmp_path):
-    run = suite(VLLM_PYTHON, tmp_path, *PLUGIN, "--backend", "tests.vllm_cpu.e1_era:blocks_first_hnd")
+def test_e1_era_blocks_first_declaration_passes(vllm_runs):
+    run = forked(vllm_runs, "e1-era:blocks_first_hnd")
     backend = "tests.vllm_cpu.e1_era:blocks_first_hnd"
     assert problems(run, backend) == [] and "passed" in outcomes(run, backend, "shape") and "passed" in outcomes(run, backend, "swap")
 
 
 @needs_vllm
-def test_e1_era_kv_first_cache_breaks_vllms_platform_block_copies(tmp_path):
+def test_e1_era_kv_first_cache_breaks_vllms_platform_block_copies(vllm_runs):
     """SPEC F.1: RocmPlatform.insert_blocks_to_device / swap_out_blocks_to_host index dim 0;
     on ROCM_ATTN's E1-era (2, B, N, H, D) cache ids >= 2 raise and ids {0, 1} move whole planes."""
     backend = "tests.vllm_cpu.e1_era:kv_first_rocm_attn"
-    run = suite(VLLM_PYTHON, tmp_path, *PLUGIN, "--backend", backend)
+    run = forked(vllm_runs, "e1-era:kv_first_rocm_attn")
     swaps = {r["check"]: r for r in records(run, backend, "swap") if r["outcome"] != "not-applicable"}
     out = swaps["test_swap_out_places_each_block_at_its_host_slot"]
     assert out["raised"] == "IndexError" and "out of bounds for dimension 0" in out["message"]
@@ -170,9 +176,9 @@ def test_e1_era_kv_first_cache_breaks_vllms_platform_block_copies(tmp_path):
 
 
 @needs_vllm
-def test_a_backend_with_neither_layout_api_is_an_unsupported_version_error(tmp_path):
+def test_a_backend_with_neither_layout_api_is_an_unsupported_version_error(vllm_runs):
     backend = "tests.vllm_cpu.e1_era:neither_api"
-    run = suite(VLLM_PYTHON, tmp_path, *PLUGIN, "--backend", backend)
+    run = forked(vllm_runs, "e1-era:neither_api")
     rows = records(run, backend)
     assert rows and all(r["outcome"] == "error" and "unsupported vLLM version" in r["message"] for r in rows)
 

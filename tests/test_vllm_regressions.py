@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import pytest
 
-from .test_vllm_adapter import FAILING, PLUGIN, VLLM_PYTHON, needs_vllm, suite
-from .vllm_cpu.regressions import ENV, REGRESSIONS
+from .test_vllm_adapter import FAILING, needs_vllm
+from .vllm_cpu.regressions import REGRESSIONS
+from .vllm_cpu.runs import regression as run_name
 
 BLOCK_OUTERMOST = ("BLHNC", "BLNHC", "BHLNC")
 
 
-def regression_run(tmp_path, name):
-    regression = REGRESSIONS[name]
-    return suite(VLLM_PYTHON, tmp_path, *PLUGIN, "--backend", regression.backend, "-k", regression.select, env={ENV: name})
+def regression_run(vllm_runs, name):
+    """The suite run of one regression (tests/vllm_cpu/runs.py: forked with the other vLLM runs)."""
+    run = vllm_runs[run_name(name)]
+    assert run is not None, f"regression {name}: the suite wrote no results"
+    return run
 
 
 def by_check(run, backend):
@@ -30,9 +33,9 @@ def by_check(run, backend):
 
 @needs_vllm
 @pytest.mark.parametrize("name", list(REGRESSIONS))
-def test_each_vllm_regression_fails_the_checks_it_names(tmp_path, name):
+def test_each_vllm_regression_fails_the_checks_it_names(vllm_runs, name):
     regression = REGRESSIONS[name]
-    checks = by_check(regression_run(tmp_path, name), regression.backend)
+    checks = by_check(regression_run(vllm_runs, name), regression.backend)
     for check in regression.fails:
         outcomes = [r["outcome"] for r in checks.get(check, [])]
         assert any(o in ("failed", "error") for o in outcomes), f"{name}: {check} did not fail ({outcomes or 'did not run'})"
@@ -42,12 +45,12 @@ def test_each_vllm_regression_fails_the_checks_it_names(tmp_path, name):
 
 
 @needs_vllm
-def test_copy_checks_take_vllms_whole_storage_path_on_block_outermost_layouts(tmp_path):
+def test_copy_checks_take_vllms_whole_storage_path_on_block_outermost_layouts(vllm_runs):
     """With the guard bytes outside the storage vLLM sees, copy_kv_cache_blocks_inplace takes
     the path a worker's exact allocation takes: a raise in its whole-storage branch fails every
     block-outermost layout, and LHBNC with three heads (its block stride does not tile the
     storage; with one head it does) still takes the per-view branch and passes."""
-    run = regression_run(tmp_path, "copy_fast_path_raises")
+    run = regression_run(vllm_runs, "copy_fast_path_raises")
     copies = [r for r in run["tests"] if r["family"] == "copy" and r["outcome"] != "not-applicable"]
     failed = {r["layout"].split()[0] for r in copies if r["outcome"] in FAILING}
     assert set(BLOCK_OUTERMOST) <= failed and "whole-storage copy path" in " ".join(r["message"] for r in copies)

@@ -29,25 +29,28 @@ from . import collection
 
 DURATIONS = "kvconform_durations"  # workerinput key: {test id: seconds} of the previous run
 
-# Seconds an H200 quick run spends on a check, roughly, when no earlier run says (2026-11-30
-# runs, before the probes were made cheap): what matters is that long ones come first.
-PROBE_SECONDS = {"swap": 4.0, "copy": 1.0, "write": 0.6, "read": 0.6}
-FAMILY_SECONDS = {"connector": 0.3, "equivalence": 0.1}
-HYPOTHESIS_SECONDS = 0.5
-DEFAULT_SECONDS = 0.05
+# Seconds a check takes on an H200, roughly, when no earlier run says (measured 2026-11-30 after
+# the probes were made cheap, docs/PERFORMANCE.md): what matters is that long ones come first.
+# Hypothesis checks cost per example (6 quick, 80 full): in the full profile they are the longest.
+PROBE_SECONDS = {"swap": 0.5, "copy": 0.3, "write": 0.1, "read": 0.1}  # past 2^31 elements; twice on kv-first layouts
+SECONDS_PER_EXAMPLE = {"read": 0.05, "write": 0.05, "connector": 0.02, "copy": 0.015}
+FAMILY_SECONDS = {"connector": 0.25}
+DEFAULT_SECONDS = 0.02
 
 
 def estimate(item) -> float:
-    """A check's cost from what it is: a probe past 2^31 elements (twice the blocks on kv-first
-    layouts), a Hypothesis check, its family."""
+    """A check's cost from what it is: a probe past 2^31 elements, a Hypothesis check (by its
+    example budget), its family."""
     planned = item.stash.get(collection.PLANNED, None)
     if planned is None:
         return DEFAULT_SECONDS
     if "memory_2_31" in planned.needs:
         kv_first = planned.layout is not None and planned.layout.k_dims[0] == "2"
-        return PROBE_SECONDS.get(planned.family, 1.0) * (2 if kv_first else 1)
+        return PROBE_SECONDS.get(planned.family, 0.3) * (2 if kv_first else 1)
     if getattr(getattr(item, "obj", None), "hypothesis", None) is not None:
-        return HYPOTHESIS_SECONDS
+        from hypothesis import settings
+
+        return SECONDS_PER_EXAMPLE.get(planned.family, 0.01) * settings.default.max_examples
     return FAMILY_SECONDS.get(planned.family, DEFAULT_SECONDS)
 
 

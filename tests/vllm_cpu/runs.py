@@ -1,0 +1,53 @@
+"""The single-process suite runs against the real vLLM on the CPU, forked from one set-up.
+
+test_vllm_regressions.py needs one run per regression (each its own pytest session: vLLM is
+edited as it is imported), test_vllm_adapter.py a few runs of one backend each. Started one by
+one, every run imported torch and vLLM's dependencies again (about half of its CPU time); here
+they are all forked from one process that imported those once (tests/forked_runs.py), two at a
+time on a 2-core machine. Each run is still the command line it was: its arguments, its
+environment, a fresh vLLM, kvconform and tests package.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..suite_runs import ROOT, run_suites_forked
+from .regressions import ENV, REGRESSIONS
+
+PLUGIN = ("-p", "tests.vllm_cpu.plugin")
+FRESH = ["vllm", "kvconform", "tests", "amdsmi", "aiter"]  # imported anew by every run
+UNIFIED_SHUFFLE = "vllm:ROCM_AITER_UNIFIED_ATTN+shuffle"
+GFX1250 = {"KVCONFORM_STANDIN_GFX": "gfx1250"}
+
+
+def regression(name: str) -> str:
+    return f"regression:{name}"
+
+
+def plan() -> dict[str, tuple[tuple[str, ...], dict]]:
+    """name -> (pytest arguments, environment) of every run."""
+    runs = {regression(name): ((*PLUGIN, "-q", "--tb=line", "--backend", r.backend, "-k", r.select), {ENV: name})
+            for name, r in REGRESSIONS.items()}
+    unified = (*PLUGIN, "-q", "--backend", UNIFIED_SHUFFLE, "--standard", "e3")
+    runs.update({
+        "unified-shuffle": (unified, GFX1250),
+        "unified-shuffle-gated": ((*unified, "--expectations", os.path.join(ROOT, "docs", "expectations", "vllm-0.33.0.txt")), GFX1250),
+        **{f"e1-era:{name}": ((*PLUGIN, "-q", "--backend", f"tests.vllm_cpu.e1_era:{name}"), {})
+           for name in ("blocks_first_hnd", "kv_first_rocm_attn", "neither_api")},
+    })
+    return runs
+
+
+def probe(runs: dict) -> list[str]:
+    """A collection of every backend the runs check: it imports what they share."""
+    backends = sorted({args[args.index("--backend") + 1] for args, _ in runs.values()})
+    return [*PLUGIN, "--standard", "e3", "--backend", ",".join(backends)]
+
+
+def run_all(python: str, out_dir) -> dict[str, dict]:
+    """Every run's results document with its ``exit_status`` (None: it wrote no results)."""
+    runs = plan()
+    done = run_suites_forked(out_dir, runs, fresh=FRESH, probe=probe(runs), python=python, timeout=3600)
+    return {name: {**run.document, "exit_status": run.returncode, "output": run.output} if run.document is not None else None
+            for name, run in done.items()}
