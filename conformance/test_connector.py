@@ -388,6 +388,7 @@ def first_fp8(case) -> str:
 
 
 @pytest.mark.kvc_clause("CONN-DESCRIPTOR")
+@pytest.mark.kvc_needs("connector_ops")
 def test_layout_descriptor_describes_the_allocated_cache(case):
     # B = 2 and H = 2: where a layout guessed from a live tensor goes wrong (F.25, LMCache#4467).
     heads = 2 if 2 in case.backend.capabilities.num_kv_heads else None
@@ -552,6 +553,7 @@ def test_handshake_plans_every_rank_pair_as_kvconform_compat_does(case):
 
 
 # ----------------------------------------------------------------------------- interop row
+@pytest.mark.kvc_needs("connector_ops")
 @pytest.mark.kvc_clause("CONN-INTEROP", "CONN-INTEROP-RECEIVE")
 def test_blocks_shipped_to_every_peer_land_as_the_compat_plan_says(case, peers):
     me = interop.Endpoint(case.backend, case.layout)

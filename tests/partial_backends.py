@@ -40,3 +40,11 @@ class UnavailableInEveryShape(UnavailableEverywhere):
         super().__init__()
         self._capabilities = dataclasses.replace(self._capabilities, head_sizes=(32, 48, 64, 80, 96, 128), num_kv_heads=(1, 2, 3, 4, 5, 6),
                                                  block_sizes=(16, 32, 48, 64))
+
+
+class WriteOnly(ReferenceBackend):
+    """Declares only a writer (AITER's and FlashInfer's adapters are such): no connector op."""
+
+    @property
+    def capabilities(self):
+        return dataclasses.replace(super().capabilities, ops=frozenset({"write"}))

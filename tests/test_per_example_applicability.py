@@ -12,6 +12,7 @@ from .suite_runs import run_suite
 PARTIAL = "tests.partial_backends:UnavailableAtBlockSize32"
 NOWHERE = "tests.partial_backends:UnavailableEverywhere"
 EVERY_SHAPE = "tests.partial_backends:UnavailableInEveryShape"
+WRITE_ONLY = "tests.partial_backends:WriteOnly"
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +60,13 @@ def test_an_expected_failure_that_cannot_run_here_stays_not_applicable(tmp_path)
 def test_a_block_size_class_runs_once_at_its_own_block_size(run):
     rows = [r for r in records(run, PARTIAL, "test_each_declared_size_class_is_written_at_reference_offsets") if r["nodeid"].endswith("-N48]")]
     assert rows and all(r["outcome"] == "passed" and r["block_sizes"] is None for r in rows)
+
+
+def test_a_backend_without_connector_ops_is_not_judged_on_kvconforms_connector_defaults(tmp_path):
+    """The descriptor and the interop row would otherwise pass on the defaults the contract
+    gives a backend that ships no blocks (its declared layout, the reference's wire)."""
+    result = run_suite(tmp_path, "--backend", WRITE_ONLY, "-m", "connector")
+    rows = result.records
+    assert rows and {r["outcome"] for r in rows} == {"not-applicable"}, result.output
+    assert {r["check"] for r in rows if "declares no connector op" in r["not_applicable"]["what"]} == {
+        "test_layout_descriptor_describes_the_allocated_cache", "test_blocks_shipped_to_every_peer_land_as_the_compat_plan_says"}

@@ -30,7 +30,7 @@ import torch
 from hypothesis.errors import Unsatisfiable
 
 from kvconform import reference as R
-from kvconform.backends_under_test.contract import Backend, OpUnavailable
+from kvconform.backends_under_test.contract import CONNECTOR_OPS, Backend, OpUnavailable
 
 from .facts import common_who
 
@@ -187,6 +187,14 @@ def _multi_layer(ctx, _):
     return None
 
 
+def _connector_ops(ctx, _):
+    # The descriptor and the interop row fall back on kvconform's defaults for what a backend
+    # does not drive; with no connector op of its own they would judge those defaults.
+    if set(ctx.backend.capabilities.ops) & CONNECTOR_OPS:
+        return None
+    return f"declares no connector op ({', '.join(sorted(CONNECTOR_OPS))}): it ships no blocks of its own"
+
+
 # need -> (kind, who, check(ctx, argument) -> what is missing, or None). Evaluated in this order.
 # A check may answer (who, what) when someone other than ``who`` lacks it.
 NEEDS = {
@@ -197,6 +205,7 @@ NEEDS = {
     "single_kv_head": (DECLARATION, _backend, _single_kv_head),
     "selector": (DECLARATION, _backend, _selector),
     "multi_layer": (DECLARATION, _backend, _multi_layer),
+    "connector_ops": (DECLARATION, _backend, _connector_ops),
     "declares_e1": (DECLARATION, _backend, lambda ctx, _: _declares_standard(ctx, "e1")),
     "declares_e3": (DECLARATION, _backend, lambda ctx, _: _declares_standard(ctx, "e3")),
     "cpu_platform": (DECLARATION, _backend, _cpu_platform),
@@ -207,7 +216,7 @@ NEEDS = {
     "gpu": (MACHINE, lambda ctx: "this machine", _gpu),
     "memory_2_31": (MACHINE, lambda ctx: "this machine", _memory_2_31),
 }
-FEATURES = ("fp8", "single_kv_head", "selector", "standard_e1", "standard_e3", "compare_digests", "gpu", "memory_2_31", "multi_layer")
+FEATURES = ("fp8", "single_kv_head", "selector", "standard_e1", "standard_e3", "compare_digests", "gpu", "memory_2_31", "multi_layer", "connector_ops")
 # A feature that is several needs: the backend's declaration is asked first, so a check that
 # cannot apply to what it declares is not applicable by declaration whatever the run or machine.
 _IMPLIED = {"standard_e1": ("declares_e1", "standard_e1"), "standard_e3": ("declares_e3", "standard_e3"), "gpu": ("cpu_platform", "gpu")}
