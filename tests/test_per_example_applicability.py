@@ -59,3 +59,34 @@ def test_an_expected_failure_that_cannot_run_here_stays_not_applicable(tmp_path)
 def test_a_block_size_class_runs_once_at_its_own_block_size(run):
     rows = [r for r in records(run, PARTIAL, "test_each_declared_size_class_is_written_at_reference_offsets") if r["nodeid"].endswith("-N48]")]
     assert rows and all(r["outcome"] == "passed" and r["block_sizes"] is None for r in rows)
+
+
+@pytest.mark.filterwarnings("ignore:Using `reject` outside a property-based test")  # the wrapper is called here without Hypothesis
+def test_an_example_whose_input_alone_cannot_run_leaves_its_spec_runnable():
+    # FlashInfer has no padding slot: a mapping with -1 cannot run, the next mapping of the same
+    # cache spec can (OpUnavailable.this_input); a spec-wide reason would stop that one too.
+    from types import SimpleNamespace
+
+    import torch
+
+    from hypothesis.errors import UnsatisfiedAssumption
+
+    from kvconform import reference as R
+    from kvconform.backends_under_test.contract import CacheSpec, OpUnavailable
+    from kvconform.conformance.harness.examples import skipping_unavailable_examples
+    from kvconform.conformance.harness.facts import TestFacts, UnavailableSpecs
+
+    case = SimpleNamespace(unavailable=UnavailableSpecs(), facts=TestFacts())
+    spec = CacheSpec(layout=R.blocks_first("NHD"), geometry=R.Geometry(num_blocks=4, block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float16))
+
+    def example(case, padded):
+        case.unavailable.start(spec)  # what case.built(spec) does when the example allocates
+        if padded:
+            raise OpUnavailable("a slot mapping with -1", who="FlashInfer", this_input=True)
+        return "ran"
+
+    check = skipping_unavailable_examples(example, {("spec",)})
+    with pytest.raises(UnsatisfiedAssumption):
+        check(case=case, padded=True)
+    assert check(case=case, padded=False) == "ran"
+    assert case.facts.examples_not_applicable == {"FlashInfer: a slot mapping with -1": 1}
