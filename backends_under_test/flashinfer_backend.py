@@ -28,8 +28,9 @@ every one of its ``nnz = append_key.size(0)`` rows (page.cu:48) at ``kv_indices[
 pos // N]``, row ``pos % N`` (page.cuh:417-423), with no skip and no bounds check. Dropping those
 rows would make the padding checks check the adapter, so a mapping with ``-1`` raises
 ``OpUnavailable(this_input=True)``: that example, or that fixed check, is not applicable with the
-reason. FlashInfer's indices are int32 (page.cu:95-106); the translation reads int32 and int64
-mappings alike, so WRITE-SLOT-DTYPE checks the adapter, not FlashInfer (docs/REAL_KERNELS.md says so).
+reason. The index tensors keep the mapping's dtype: FlashInfer's own wrapper converts them to the
+int32 its kernel reads (``.int()``, page.py:153-157; page.cu:95-106), so an int64 mapping takes
+that path of FlashInfer's, as an engine holding int64 positions would.
 
 Declared from FlashInfer's code, not from what passes: head sizes 64 and 128 of the
 ``DISPATCH_HEAD_DIM`` set {64, 128, 256, 512} (include/flashinfer/utils.cuh:200-227; each decode
@@ -68,7 +69,7 @@ NOT_FLASHINFERS = {
 
 @dataclasses.dataclass(frozen=True)
 class PageTables:
-    """FlashInfer's page-table arguments, int32 as page.cu:95-106 and the decode plan read them."""
+    """FlashInfer's page-table arguments (its kernels read int32: page.cu:95-106, the decode plan)."""
 
     kv_indptr: torch.Tensor  # [batch + 1]: request b's pages are kv_indices[kv_indptr[b]:kv_indptr[b + 1]]
     kv_indices: torch.Tensor  # [kv_indptr[-1]]: page (block) ids
@@ -79,16 +80,14 @@ def append_arguments(slot_mapping: torch.Tensor, block_size: int) -> tuple[torch
     """``(batch_indices, positions, tables)`` for ``append_paged_kv_cache``: one request whose pages
     are the distinct blocks of ``slot_mapping`` in ascending order; token ``t`` at position
     ``page(t)·N + slot % N``. The request covers its pages whole (last page length N), so every
-    position lies inside it, as page.py:687-689 asks."""
-    slots = slot_mapping.long()
-    if bool((slots < 0).any()):
+    position lies inside it, as page.py:687-689 asks. All in the mapping's dtype (int32 or int64)."""
+    if bool((slot_mapping < 0).any()):
         raise OpUnavailable(NO_PADDING_SLOT, who="FlashInfer's append_paged_kv_cache", this_input=True)
-    pages, page_of_token = torch.unique(slots // block_size, return_inverse=True)
-    positions = page_of_token * block_size + slots % block_size
-    device = slot_mapping.device
-    tables = PageTables(kv_indptr=torch.tensor([0, len(pages)], dtype=torch.int32, device=device), kv_indices=pages.to(torch.int32),
-                        kv_last_page_len=torch.tensor([block_size], dtype=torch.int32, device=device))
-    return torch.zeros_like(positions, dtype=torch.int32), positions.to(torch.int32), tables
+    pages, page_of_token = torch.unique(slot_mapping // block_size, return_inverse=True)
+    positions = (page_of_token * block_size + slot_mapping % block_size).to(slot_mapping.dtype)
+    index = dict(dtype=slot_mapping.dtype, device=slot_mapping.device)
+    tables = PageTables(kv_indptr=torch.tensor([0, len(pages)], **index), kv_indices=pages, kv_last_page_len=torch.tensor([block_size], **index))
+    return torch.zeros_like(positions), positions, tables
 
 
 def decode_tables(block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> PageTables:

@@ -7,7 +7,7 @@ the adapter's translation is right, never that FlashInfer is (the H200 run says 
 - ``append_paged_kv_cache``: csrc/page.cu:25-114 and ``AppendPagedKVCacheKernel``
   (include/flashinfer/page.cuh:398-424): every row ``i`` of ``append_key`` goes to page
   ``kv_indices[page_iter]``, row ``entry``, where ``(page_iter, entry) = divmod(kv_indptr[b]·N +
-  positions[i], N)`` and ``b = batch_indices[i]``; the index tensors are read as int32.
+  positions[i], N)`` and ``b = batch_indices[i]``; the index tensors are converted to int32 first (page.py:153-157).
 - ``BatchDecodeWithPagedKVCacheWrapper``: request ``b`` attends to the first
   ``(pages − 1)·N + kv_last_page_len[b]`` tokens of its pages ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]``
   (``paged_kv_t::get_length``, page.cuh:185-190), softmax in fp32.
@@ -19,7 +19,7 @@ import torch
 
 from kvconform.backends_under_test.flashinfer_backend import FlashInferHND, FlashInferNHD
 
-INT32 = "FlashInfer reads its index tensors as int32 (csrc/page.cu:95-106)"
+INT32 = "the decode plan takes int32 page tables (flashinfer/decode.py:1851-1856)"
 
 
 def physical_planes(paged_kv_cache: torch.Tensor, kv_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,7 +39,8 @@ class StandIn:
 
     @staticmethod
     def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr, kv_last_page_len, kv_layout):
-        assert all(t.dtype == torch.int32 for t in (batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len)), INT32
+        # FlashInfer's wrapper converts the index tensors to the int32 its kernel reads (page.py:153-157).
+        batch_indices, positions, kv_indices, kv_indptr = (t.int() for t in (batch_indices, positions, kv_indices, kv_indptr))
         assert len(batch_indices) == len(positions) == append_key.shape[0]  # page.cu:48-52: nnz is append_key's row count
         k, v = physical_planes(paged_kv_cache, kv_layout)
         N = k.shape[1]

@@ -45,12 +45,14 @@ def test_without_a_cuda_gpu_the_backend_is_unavailable_with_the_reason():
     assert loaded.backend is None and "no CUDA GPU" in loaded.unavailable
 
 
-def test_a_slot_mapping_becomes_one_request_over_the_blocks_it_touches():
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_a_slot_mapping_becomes_one_request_over_the_blocks_it_touches(slot_dtype):
     # Blocks 4, 2, 4 (slots out of order): pages [2, 4]; each token at page·N + its row.
-    batch, positions, tables = fb.append_arguments(torch.tensor([4 * N + 7, 2 * N + 1, 4 * N]), N)
+    batch, positions, tables = fb.append_arguments(torch.tensor([4 * N + 7, 2 * N + 1, 4 * N], dtype=slot_dtype), N)
     assert tables.kv_indices.tolist() == [2, 4] and tables.kv_indptr.tolist() == [0, 2] and tables.kv_last_page_len.tolist() == [N]
     assert positions.tolist() == [N + 7, 1, N] and batch.tolist() == [0, 0, 0]
-    assert {t.dtype for t in (batch, positions, *vars(tables).values())} == {torch.int32}
+    # The mapping's dtype reaches FlashInfer, whose wrapper converts to int32 itself (page.py:153-157).
+    assert {t.dtype for t in (batch, positions, *vars(tables).values())} == {slot_dtype}
 
 
 @ADAPTERS
