@@ -45,11 +45,15 @@ class OpUnavailable(Exception):
     extension, a GPU-only kernel): that check is *not applicable* with this message.
 
     ``who`` names what lacks it when that is not simply "this machine" (e.g. "this machine's
-    vLLM build", or the library's own code rejecting this device)."""
+    vLLM build", or the library's own code rejecting this device). ``this_input``: only these
+    arguments cannot run (a slot mapping with padding, where the library has no padding slot),
+    not every case of the cache spec: a generated check's later examples of the same spec still
+    run (conformance/harness/examples.py)."""
 
-    def __init__(self, message: str, who: str | None = None):
+    def __init__(self, message: str, who: str | None = None, *, this_input: bool = False):
         super().__init__(message)
         self.who = who
+        self.this_input = this_input
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -29,6 +29,10 @@ AITER = {  # AMD AITER's Triton KV writer, one name per cache layout it takes (a
     "aiter:flash": "kvconform.backends_under_test.aiter_backend:AiterFlash",
     "aiter:asm": "kvconform.backends_under_test.aiter_backend:AiterAsm",
 }
+FLASHINFER = {  # FlashInfer's own paged-KV append and decode, one name per kv_layout (flashinfer_backend.py)
+    "flashinfer:nhd": "kvconform.backends_under_test.flashinfer_backend:FlashInferNHD",
+    "flashinfer:hnd": "kvconform.backends_under_test.flashinfer_backend:FlashInferHND",
+}
 
 
 @dataclasses.dataclass
@@ -55,7 +59,7 @@ def registered() -> dict[str, str]:
     from .faults import FAULTS
     from .mutants import MUTANTS
 
-    names = {**entry_points(), **BUILTIN, **AITER}
+    names = {**entry_points(), **BUILTIN, **AITER, **FLASHINFER}
     names.update({MUTANT_PREFIX + m: f"kvconform.backends_under_test.mutants:{cls.__name__}" for m, cls in MUTANTS.items()})
     names.update({FAULT_PREFIX + f: f"kvconform.backends_under_test.faults:{cls.__name__}" for f, cls in FAULTS.items()})
     return names
@@ -63,7 +67,7 @@ def registered() -> dict[str, str]:
 
 def default_names() -> list[str]:
     """Backends run when ``--backend`` is not given: the built-ins that are not mutants (nor
-    libraries kvconform does not bring, such as AITER)."""
+    libraries kvconform does not bring, such as AITER and FlashInfer)."""
     return list(BUILTIN)
 
 

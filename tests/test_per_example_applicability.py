@@ -4,7 +4,16 @@ not applicable only when nothing of it can run (conformance/harness/examples.py)
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
+import torch
+from hypothesis.errors import UnsatisfiedAssumption
+
+from kvconform import reference as R
+from kvconform.backends_under_test.contract import CacheSpec, OpUnavailable
+from kvconform.conformance.harness.examples import skipping_unavailable_examples
+from kvconform.conformance.harness.facts import TestFacts, UnavailableSpecs
 
 from .partial_backends import WHO
 from .suite_runs import run_suite
@@ -70,3 +79,23 @@ def test_a_backend_without_connector_ops_is_not_judged_on_kvconforms_connector_d
     assert rows and {r["outcome"] for r in rows} == {"not-applicable"}, result.output
     assert {r["check"] for r in rows if "declares no connector op" in r["not_applicable"]["what"]} == {
         "test_layout_descriptor_describes_the_allocated_cache", "test_blocks_shipped_to_every_peer_land_as_the_compat_plan_says"}
+
+
+@pytest.mark.filterwarnings("ignore:Using `reject` outside a property-based test")  # the wrapper is called here without Hypothesis
+def test_an_example_whose_input_alone_cannot_run_leaves_its_spec_runnable():
+    # FlashInfer has no padding slot: a mapping with -1 cannot run, the next mapping of the same
+    # cache spec can (OpUnavailable.this_input); a spec-wide reason would stop that one too.
+    case = SimpleNamespace(unavailable=UnavailableSpecs(), facts=TestFacts())
+    spec = CacheSpec(layout=R.blocks_first("NHD"), geometry=R.Geometry(num_blocks=4, block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float16))
+
+    def example(case, padded):
+        case.unavailable.start(spec)  # what case.built(spec) does when the example allocates
+        if padded:
+            raise OpUnavailable("a slot mapping with -1", who="FlashInfer", this_input=True)
+        return "ran"
+
+    check = skipping_unavailable_examples(example, {("spec",)})
+    with pytest.raises(UnsatisfiedAssumption):
+        check(case=case, padded=True)
+    assert check(case=case, padded=False) == "ran"
+    assert case.facts.examples_not_applicable == {"FlashInfer: a slot mapping with -1": 1}

@@ -5,8 +5,9 @@ block sizes 16 and 32 through a compiled op this build may lack, every other siz
 Triton. So:
 
 - a generated (Hypothesis) example whose op raises ``OpUnavailable`` is rejected alone and the
-  reason counted in the test's facts (``examples_not_applicable``); its spec is remembered, so
-  a later example drawing it again is rejected as soon as it allocates (after all its draws:
+  reason counted in the test's facts (``examples_not_applicable``); its spec is remembered (unless
+  only that example's arguments cannot run: ``OpUnavailable.this_input``), so a later example
+  drawing it again is rejected as soon as it allocates (after all its draws:
   data generation never depends on what was found, which Hypothesis requires); the test is not
   applicable only when every spec it can draw turned out unavailable (or Hypothesis found no
   runnable example: applicability.reason_of);
@@ -47,7 +48,8 @@ def skipping_unavailable_examples(inner_test, candidates: set[tuple]):
         except OpUnavailable as exc:
             if specs.current is None:  # not tied to a drawn spec: the whole test cannot run here
                 raise
-            specs.reasons.setdefault(specs.current, exc)
+            if not exc.this_input:  # the spec itself cannot run here: later examples drawing it stop at once
+                specs.reasons.setdefault(specs.current, exc)
             case.facts.count_unavailable(unavailable_text(exc))
             whole = specs.every_candidate(candidates)
             if whole is not None:

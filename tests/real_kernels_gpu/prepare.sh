@@ -18,12 +18,15 @@ rm -rf "$carry/aiter" && "$py" -c 'import sys, zipfile; z = zipfile.ZipFile(sys.
 
 # flashinfer-python's Python tree without most of flashinfer/data (its JIT sources: 363 of its 544 MB),
 # for vLLM's FLASHINFER member to import (its cache writes are vLLM's compiled reshape_and_cache_flash),
-# plus what JIT-compiling its page module needs (data/include, its own CCCL — fastdiv.cuh uses
-# cuda::fast_mod_div, which CUDA 13.0's CCCL lacks — csrc/page.cu and its binding): flashinfer_page.py.
+# plus what JIT-compiling its page and batch-decode modules needs (data/include, its own CCCL —
+# fastdiv.cuh uses cuda::fast_mod_div, which CUDA 13.0's CCCL lacks — csrc/page.cu, batch_decode.cu,
+# their bindings and the decode module's jinja templates): flashinfer_page.py, flashinfer_suite.sh.
 "$py" -m pip download -q --no-deps --only-binary=:all: -d "$wheels" flashinfer-python==0.7.2.post1
 tree=$(mktemp -d) && "$py" -c '
 import sys, zipfile
-page = ("flashinfer/data/include/", "flashinfer/data/cccl/", "flashinfer/data/csrc/page.cu", "flashinfer/data/csrc/flashinfer_page_binding.cu", "flashinfer/data/csrc/tvm_ffi_utils.h")
+page = ("flashinfer/data/include/", "flashinfer/data/cccl/", "flashinfer/data/csrc/page.cu", "flashinfer/data/csrc/flashinfer_page_binding.cu", "flashinfer/data/csrc/tvm_ffi_utils.h",
+        "flashinfer/data/csrc/batch_decode.cu", "flashinfer/data/csrc/batch_decode_jit_binding.cu", "flashinfer/data/csrc/batch_decode_customize_config.jinja",
+        "flashinfer/data/csrc/batch_decode_kernel_inst.jinja")
 z = zipfile.ZipFile(sys.argv[1])
 z.extractall(sys.argv[2], [n for n in z.namelist() if not n.startswith("flashinfer/data/") or n.startswith(page)])' "$wheels"/flashinfer_python-*.whl "$tree"
 tar -cJf "$carry/flashinfer.tar.xz" -C "$tree" .

@@ -12,7 +12,8 @@
 # (default FLASH_ATTN,FLEX_ATTENTION,ROCM_ATTN,FLASHINFER) are the vLLM members run with the
 # compiled ops. Writes into OUT: versions.txt, build.log, vllm/ and vllm-run.log
 # (tests/vllm_gpu/run.py's files), aiter/ (suite results and log, probes.txt), agreement.txt,
-# flashinfer-page.txt, lmcache-build.log. docs/runs/real-kernels-h200/ holds such a run.
+# flashinfer-page.txt, flashinfer/ (flashinfer_suite.sh: flashinfer:nhd and flashinfer:hnd under the
+# suite), lmcache-build.log. docs/runs/real-kernels-h200/ holds such a run.
 set -uo pipefail
 carry=$(cd "$1" && pwd); out=$(mkdir -p "$2" && cd "$2" && pwd); only=${3:-FLASH_ATTN,FLEX_ATTENTION,ROCM_ATTN,FLASHINFER}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -42,6 +43,7 @@ flashinfer=$(mktemp -d) && tar -xJf "$carry/flashinfer.tar.xz" -C "$flashinfer"
     --kvc-expectations docs/expectations/aiter-0.1.7.post2.dev18.txt > "$out/aiter/suite.log" 2>&1;
   KVCONFORM_AITER="$carry" python3 -m tests.real_kernels_gpu.aiter_probes > "$out/aiter/probes.txt" 2>&1 ) &
 ( [ -f "$library" ] && PYTHONPATH="$site/site:$PWD" timeout 240 python3 -m tests.real_kernels_gpu.writer_agreement > "$out/agreement.txt" 2>&1 ) &
-( PYTHONPATH="$flashinfer:$site/site:$PWD" timeout 300 python3 -m tests.real_kernels_gpu.flashinfer_page > "$out/flashinfer-page.txt" 2>&1 ) &
+( PYTHONPATH="$flashinfer:$site/site:$PWD" timeout 300 python3 -m tests.real_kernels_gpu.flashinfer_page > "$out/flashinfer-page.txt" 2>&1;
+  tests/real_kernels_gpu/flashinfer_suite.sh "$carry" "$out/flashinfer" > /dev/null 2>&1 ) &
 wait
-tail -5 "$out/vllm-run.log" "$out/aiter/suite.log"; cat "$out/agreement.txt" | tail -3
+tail -5 "$out/vllm-run.log" "$out/aiter/suite.log" "$out/flashinfer/suite.log"; cat "$out/agreement.txt" | tail -3
