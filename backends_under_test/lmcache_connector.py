@@ -194,8 +194,8 @@ class LMCacheConnector(Backend):
             return
         try:
             run(memory_object, [_rows(t, geometry.is_two_major) for t in layers], slots, cache.device, *args, block_size, geometry.head_size(), 0, 0)
-        except NotImplementedError as exc:  # HND: lmcache/v1/platform/torch_ops/mem_kernels.py:50
-            raise OpUnavailable(f"LMCache's torch baseline multi_layer_kv_transfer (torch_ops/mem_kernels.py:50): {exc}", who=LMCACHE) from exc
+        except NotImplementedError as exc:  # HND (torch_ops/mem_kernels.py:50); a torch op without an fp8 kernel on this device
+            raise OpUnavailable(f"LMCache's torch baseline multi_layer_kv_transfer ({_lmcache_frame(exc)}): {exc}", who=LMCACHE) from exc
 
     # ------------------------------------------------------------------ connector ops
     def wire_layout(self, spec):
@@ -237,6 +237,17 @@ class LMCacheConnector(Backend):
 def _whole(g: R.Geometry, heads) -> None:
     if heads is not None and list(heads) != list(range(g.num_kv_heads)):
         raise OpUnavailable(HEAD_SLICE, who=LMCACHE)
+
+
+def _lmcache_frame(exc: BaseException) -> str:
+    """``path:line`` of the innermost frame of LMCache's tree the exception passed through."""
+    where, tb = "LMCache", exc.__traceback__
+    while tb is not None:
+        path = tb.tb_frame.f_code.co_filename
+        if "/lmcache/" in path:
+            where = f"{path[path.rindex('/lmcache/') + 1:]}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
 
 
 def _rows(layer: torch.Tensor, two_major: bool) -> torch.Tensor:
