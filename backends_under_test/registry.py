@@ -33,6 +33,11 @@ FLASHINFER = {  # FlashInfer's own paged-KV append and decode, one name per kv_l
     "flashinfer:nhd": "kvconform.backends_under_test.flashinfer_backend:FlashInferNHD",
     "flashinfer:hnd": "kvconform.backends_under_test.flashinfer_backend:FlashInferHND",
 }
+# LMCache's connector transfer, one name per vLLM cache layout: ``lmcache:`` its CUDA kernel,
+# ``lmcache_torch:`` its torch baseline of the same op (lmcache_connector.py).
+LMCACHE = {f"{prefix}:{name}": f"kvconform.backends_under_test.lmcache_connector:LMCache{kernel}{cls}"
+           for name, cls in (("NHD", "NHD"), ("HND", "HND"), ("kv_first_NHD", "KvFirstNHD"), ("kv_first_HND", "KvFirstHND"))
+           for prefix, kernel in (("lmcache", ""), ("lmcache_torch", "Torch"))}
 
 
 @dataclasses.dataclass
@@ -59,7 +64,7 @@ def registered() -> dict[str, str]:
     from .faults import FAULTS
     from .mutants import MUTANTS
 
-    names = {**entry_points(), **BUILTIN, **AITER, **FLASHINFER}
+    names = {**entry_points(), **BUILTIN, **AITER, **FLASHINFER, **LMCACHE}
     names.update({MUTANT_PREFIX + m: f"kvconform.backends_under_test.mutants:{cls.__name__}" for m, cls in MUTANTS.items()})
     names.update({FAULT_PREFIX + f: f"kvconform.backends_under_test.faults:{cls.__name__}" for f, cls in FAULTS.items()})
     return names
@@ -67,7 +72,7 @@ def registered() -> dict[str, str]:
 
 def default_names() -> list[str]:
     """Backends run when ``--backend`` is not given: the built-ins that are not mutants (nor
-    libraries kvconform does not bring, such as AITER and FlashInfer)."""
+    libraries kvconform does not bring, such as AITER, FlashInfer and LMCache)."""
     return list(BUILTIN)
 
 

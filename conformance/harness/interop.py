@@ -9,7 +9,7 @@ where it declares them) and the plan's conversions, and must land in the consume
 the consumer's declared layout says — byte for byte. The consumer side lands them through the
 consumer's own ops too (its regions, its ``import_blocks``) where it declares them. A cell is
 *identical*, *converted* (how), *incompatible* (why), *n/a* (a side does not declare what the
-scenario needs) or *fails* (naming what was wrong — a region covered twice, an op that raised).
+scenario needs, or one of its ops raised ``OpUnavailable`` for it) or *fails* (naming what was wrong — a region covered twice, an op that raised).
 The endpoint's row is its cells as producer; ``received`` are its cells as consumer of every
 endpoint of the reference backend (its own import and regions at work).
 """
@@ -25,7 +25,7 @@ import torch
 from kvconform.reference import compat
 from kvconform import reference as R
 from kvconform.backends_under_test import registry
-from kvconform.backends_under_test.contract import Backend, CacheSpec
+from kvconform.backends_under_test.contract import Backend, CacheSpec, OpUnavailable
 
 from .connector import model_kv, region_overlaps
 
@@ -188,6 +188,8 @@ def evaluate(producer: Endpoint, consumer: Endpoint, scenario: Scenario, produce
     for rank, (c, row) in enumerate(zip(consumers, verdicts)):
         try:
             problem = execute_row(producer, producer_ranks, consumer, c, row, scenario, seed)
+        except OpUnavailable as exc:  # a side's op cannot run this plan here (LMCache ships no head slice): no verdict on the cell
+            return {"outcome": "n/a", "detail": f"consumer rank {rank}: {exc.who or 'this machine'}: {exc}"}
         except Exception as exc:  # an op of either side raised: the cell fails, naming it
             problem = f"{type(exc).__name__}: {exc}"
         if problem:

@@ -8,20 +8,21 @@
 # (tests/vllm_gpu/build_bundle.py), vllm-src/csrc (vllm_sources.py: vLLM 0.33.0's cache kernels),
 # torch-headers/ (stable-ABI headers of a newer torch, the fallback build), aiter/ (the amd-aiter
 # wheel's Python tree), flashinfer.tar.xz (flashinfer-python's Python tree and its page module's
-# sources, so vLLM's FLASHINFER member imports) and lmcache-0.5.6.tar.gz (lmcache_build.sh). ONLY
+# sources, so vLLM's FLASHINFER member imports), lmcache-0.5.6.tar.gz and a cachetools wheel (lmcache_suite.sh). ONLY
 # (default FLASH_ATTN,FLEX_ATTENTION,ROCM_ATTN,FLASHINFER) are the vLLM members run with the
 # compiled ops. Writes into OUT: versions.txt, build.log, vllm/ and vllm-run.log
 # (tests/vllm_gpu/run.py's files), aiter/ (suite results and log, probes.txt), agreement.txt,
 # flashinfer-page.txt, flashinfer/ (flashinfer_suite.sh: flashinfer:nhd and flashinfer:hnd under the
-# suite), lmcache-build.log. docs/runs/real-kernels-h200/ holds such a run.
+# suite), lmcache/ (lmcache_suite.sh: build.log, suite.log, results). docs/runs/real-kernels-h200/ holds such a run.
 set -uo pipefail
 carry=$(cd "$1" && pwd); out=$(mkdir -p "$2" && cd "$2" && pwd); only=${3:-FLASH_ATTN,FLEX_ATTENTION,ROCM_ATTN,FLASHINFER}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 unset TRITON_INTERPRET
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"; nvcc --version | tail -1; } > "$out/versions.txt" 2>&1
 
-# 0. LMCache's CUDA ops, built alongside everything else (item 3 of issue #24: the build only).
-( [ -f "$carry/lmcache-0.5.6.tar.gz" ] && timeout 450 tests/real_kernels_gpu/lmcache_build.sh "$carry/lmcache-0.5.6.tar.gz" "$out/lmcache-build.log" ) &
+# 0. LMCache's CUDA ops built from its sdist, then the connector family on lmcache:NAME (item 3 of issue #24).
+( [ -f "$carry/lmcache-0.5.6.tar.gz" ] && timeout 450 tests/real_kernels_gpu/lmcache_suite.sh "$carry/lmcache-0.5.6.tar.gz" "$out/lmcache" \
+    $(ls "$carry"/cachetools-*.whl 2>/dev/null | head -1) ) &
 
 # 1. vLLM's cache kernels, with the device's torch headers; else the carried newer ones.
 build=/tmp/vllm-cache-ops
