@@ -100,7 +100,7 @@ def lmcache_root() -> Path:
     spec = importlib.util.find_spec("lmcache")
     if spec is None or not spec.submodule_search_locations:
         raise BackendUnavailable(f"LMCache is not installed: set ${LMCACHE_ENV} to LMCache's source tree with lmcache_native built in place "
-                                 f"(tests/test_lmcache_adapter.py builds it from `pip download --no-binary :all: {PINNED}`)")
+                                 f"(tests/test_lmcache_adapter.py builds it from the {PINNED} sdist)")
     return Path(next(iter(spec.submodule_search_locations))).parent
 
 
