@@ -95,10 +95,11 @@ def output(proc) -> str:
 
 
 def tree(repo: Path) -> set[str]:
-    """Every path in the repository but its venv."""
+    """Every path in the repository but its venv and the bytecode caches Python itself writes
+    when it imports the vendor's package (unless PYTHONDONTWRITEBYTECODE says not to)."""
     found = set()
     for directory, subdirs, files in os.walk(repo):
-        subdirs[:] = [d for d in subdirs if not (directory == str(repo) and d == ".venv")]
+        subdirs[:] = [d for d in subdirs if not (directory == str(repo) and d == ".venv") and d != "__pycache__"]
         found |= {os.path.relpath(os.path.join(directory, name), repo) for name in subdirs + files}
     return found
 
