@@ -70,6 +70,9 @@ class Capabilities:
     num_kv_heads: tuple[int, ...] = (1, 2, 3)
     scale_types: tuple[str, ...] = ("tensor",)  # "tensor" and/or "head" (per-KV-head [H])
     num_layers: tuple[int, ...] = (1,)  # layers per allocation the ops accept (layouts with a layer dim)
+    # The writer skips slot -1 (vLLM's padding token, SPEC WRITE-PAD-1). False for a library that
+    # appends every row it is given (FlashInfer): the suite then sends no -1 at all.
+    padding_slots: bool = True
 
     def __post_init__(self):
         unknown = set(self.ops) - OPS

@@ -25,10 +25,11 @@ block table is the distinct blocks the mapping touches, ascending, with token ``
 ``page(t)·N + slot % N`` — the request for which vLLM's own rule ``slot = block_table[pos // N]·N
 + pos % N`` gives exactly this mapping. A ``-1`` (padding) slot has no such form: the kernel writes
 every one of its ``nnz = append_key.size(0)`` rows (page.cu:48) at ``kv_indices[kv_indptr[b] +
-pos // N]``, row ``pos % N`` (page.cuh:417-423), with no skip and no bounds check. Dropping those
-rows would make the padding checks check the adapter, so a mapping with ``-1`` raises
-``OpUnavailable(this_input=True)``: that example, or that fixed check, is not applicable with the
-reason. The index tensors keep the mapping's dtype: FlashInfer's own wrapper converts them to the
+pos // N]``, row ``pos % N`` (page.cuh:417-423), with no skip and no bounds check. So the backend
+declares no padding slot (``Capabilities.padding_slots``): the padding check is not applicable and
+the other checks send their mappings without ``-1`` (conformance/harness/ops.py
+``declared_slots``). Dropping such rows here would make a padding check check the adapter, so a
+mapping with ``-1`` that reaches it anyway raises ``OpUnavailable(this_input=True)``. The index tensors keep the mapping's dtype: FlashInfer's own wrapper converts them to the
 int32 its kernel reads (``.int()``, page.py:153-157; page.cu:95-106), so an int64 mapping takes
 that path of FlashInfer's, as an engine holding int64 positions would.
 
@@ -138,6 +139,7 @@ class FlashInferBackend(Backend):
         self._capabilities = Capabilities(
             layouts=(R.blocks_first(self.order),), ops=frozenset({"write", "decode"}), dtypes=(torch.bfloat16, torch.float16),
             kv_cache_dtypes=("auto",), head_sizes=(64, 128), block_sizes=(16, 32, 48), num_kv_heads=(1, 2, 3),
+            padding_slots=False,
         )
 
     @property

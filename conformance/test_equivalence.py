@@ -22,6 +22,8 @@ def written(case, golden_case):
     spec = case.spec(g, golden_case.kv_cache_dtype, golden_case.model_dtype)
     arena = case.allocate(spec, zero=True)
     key, value, slots = inputs(golden_case)
+    if not case.backend.capabilities.padding_slots:  # padding writes nothing: the same canonical bytes without those rows
+        key, value, slots = key[slots >= 0], value[slots >= 0], slots[slots >= 0]
     dev = case.device
     fmt = str(g.dtype).removeprefix("torch.") if g.dtype in R.fp8.FP8_DTYPES else None
     k_scale, v_scale = scales(fmt)

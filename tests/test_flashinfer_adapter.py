@@ -15,6 +15,7 @@ from kvconform.backends_under_test.contract import CacheSpec, OpUnavailable
 from kvconform.backends_under_test.registry import load
 
 from .flashinfer_stand_in import HND, NHD
+from .suite_runs import run_suite
 
 N, H, D = 16, 3, 64  # pairwise distinct: a swapped axis cannot pass
 G = R.Geometry(num_blocks=6, block_size=N, num_kv_heads=H, head_size=D, dtype=torch.bfloat16)
@@ -128,3 +129,15 @@ def test_a_last_page_length_of_zero_for_a_full_page_is_caught(monkeypatch):
 
     monkeypatch.setattr(fb, "decode_tables", without_vllms_full_page_rule)
     assert decode_error(NHD(), [2 * N, N + 5]) > 0.1
+
+
+def test_the_suite_sends_a_backend_without_padding_slots_every_write_check_but_the_padding_one(tmp_path):
+    """FlashInfer declares no padding slot: the padding check is not applicable by declaration,
+    and every other write check, and the bf16/fp16 golden digests, run with mappings free of -1
+    instead of being lost to an incidental one (conformance/harness/ops.py declared_slots)."""
+    backend = "tests.flashinfer_stand_in:NHD"
+    result = run_suite(tmp_path, "--kvc-backend", backend, "-m", "write or equivalence", "-k", "not exported_run and not fp8")
+    outcomes = {(r["check"], r["outcome"]) for r in result.records}
+    assert ("test_padding_slots_leave_cache_untouched", "not-applicable") in outcomes
+    assert {o for c, o in outcomes if c != "test_padding_slots_leave_cache_untouched"} == {"passed"}, result.output
+    assert len({c for c, _ in outcomes}) >= 9

@@ -187,6 +187,12 @@ def _multi_layer(ctx, _):
     return None
 
 
+def _padding_slots(ctx, _):
+    if ctx.backend.capabilities.padding_slots:
+        return None
+    return "declares no padding slot (-1): its writer appends every row it is given"
+
+
 def _connector_ops(ctx, _):
     # The descriptor and the interop row fall back on kvconform's defaults for what a backend
     # does not drive; with no connector op of its own they would judge those defaults.
@@ -206,6 +212,7 @@ NEEDS = {
     "selector": (DECLARATION, _backend, _selector),
     "multi_layer": (DECLARATION, _backend, _multi_layer),
     "connector_ops": (DECLARATION, _backend, _connector_ops),
+    "padding_slots": (DECLARATION, _backend, _padding_slots),
     "declares_e1": (DECLARATION, _backend, lambda ctx, _: _declares_standard(ctx, "e1")),
     "declares_e3": (DECLARATION, _backend, lambda ctx, _: _declares_standard(ctx, "e3")),
     "cpu_platform": (DECLARATION, _backend, _cpu_platform),
@@ -216,7 +223,7 @@ NEEDS = {
     "gpu": (MACHINE, lambda ctx: "this machine", _gpu),
     "memory_2_31": (MACHINE, lambda ctx: "this machine", _memory_2_31),
 }
-FEATURES = ("fp8", "single_kv_head", "selector", "standard_e1", "standard_e3", "compare_digests", "gpu", "memory_2_31", "multi_layer", "connector_ops")
+FEATURES = ("fp8", "single_kv_head", "selector", "standard_e1", "standard_e3", "compare_digests", "gpu", "memory_2_31", "multi_layer", "connector_ops", "padding_slots")
 # A feature that is several needs: the backend's declaration is asked first, so a check that
 # cannot apply to what it declares is not applicable by declaration whatever the run or machine.
 _IMPLIED = {"standard_e1": ("declares_e1", "standard_e1"), "standard_e3": ("declares_e3", "standard_e3"), "gpu": ("cpu_platform", "gpu")}

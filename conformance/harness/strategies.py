@@ -59,11 +59,14 @@ def specs(draw, case: Case, kv_cache_dtypes=None, num_blocks=(3, 6)) -> CacheSpe
 
 
 @st.composite
-def slot_mappings(draw, g: R.Geometry, max_tokens: int = 20) -> torch.Tensor:
-    """Unique slots spread over all blocks (ids ≥ 2 included), ``-1`` padding, int32 or int64."""
+def slot_mappings(draw, g: R.Geometry, max_tokens: int = 20, padding_slots: bool = True) -> torch.Tensor:
+    """Unique slots spread over all blocks (ids ≥ 2 included), ``-1`` padding where the backend
+    declares it, int32 or int64."""
     capacity = g.num_blocks * g.block_size
     slots = draw(st.lists(st.integers(0, capacity - 1), unique=True, min_size=1, max_size=min(max_tokens, capacity)), label="slots")
-    padding = draw(st.lists(st.booleans(), min_size=len(slots), max_size=len(slots)), label="padding")
+    padding = [False] * len(slots)
+    if padding_slots:
+        padding = draw(st.lists(st.booleans(), min_size=len(slots), max_size=len(slots)), label="padding")
     dtype = draw(st.sampled_from((torch.int32, torch.int64)), label="slot dtype")
     return torch.tensor([-1 if pad else s for s, pad in zip(slots, padding)], dtype=dtype)
 
@@ -86,7 +89,7 @@ def write_cases(draw, case: Case, kv_cache_dtypes=None) -> WriteCase:
     spec = draw(specs(case, kv_cache_dtypes))
     k_scale, v_scale = draw(scales(case, spec.geometry))
     return WriteCase(
-        spec=spec, slot_mapping=draw(slot_mappings(spec.geometry)),
+        spec=spec, slot_mapping=draw(slot_mappings(spec.geometry, padding_slots=case.backend.capabilities.padding_slots)),
         extra_rows=draw(st.integers(0, 3), label="extra key rows"),
         k_scale=k_scale, v_scale=v_scale, seed=draw(st.integers(0, 2**20), label="data seed"),
     )
