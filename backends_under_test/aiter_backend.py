@@ -62,7 +62,8 @@ import triton
 from kvconform import reference as R
 
 from . import triton_interpreter
-from .contract import Backend, BackendUnavailable, Capabilities, OpUnavailable
+from .contract import BackendUnavailable, Capabilities, OpUnavailable
+from .kernel_library import KernelLibrary
 from .triton_backends import device_arch
 
 AITER_ENV = "KVCONFORM_AITER"
@@ -119,7 +120,7 @@ def _platform() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-class AiterBackend(Backend):
+class AiterBackend(KernelLibrary):
     """``fused_qk_rope_reshape_and_cache`` with an identity rotation, on the views of ``kernel_views``."""
 
     flash_layout: bool
@@ -154,25 +155,11 @@ class AiterBackend(Backend):
     def undeclared_op(self, op):
         if op in NOT_AITERS:
             return f"kvconform's AITER adapter (backend {self.name})", NOT_AITERS[op]
-        return f"AMD AITER {self._version}", f"has no {op} op of its own (a kernel library: the engine splits, swaps and copies its caches)"
+        return self.library, f"has no {op} op of its own (a kernel library: the engine splits, swaps and copies its caches)"
 
-    # Connector gating is an attention engine's (vLLM's backend classes), not a kernel library's:
-    # the gating checks are not applicable, and peers in the connector interop row see no connector.
-    def _engine_only(self, what: str):
-        raise OpUnavailable(f"{what} is an attention engine's (vLLM's), not a kernel library's", who=f"AMD AITER {self._version}")
-
-    def supports_kv_connector(self):
-        return False
-
-    def connector_layouts(self):
-        self._engine_only("the layouts a KV connector runs with")
-
-    def validate_configuration(self, **_):
-        self._engine_only("validate_configuration()")
-
-    def allocate(self, buffer, spec):
-        shape, strides = spec.layout.view_shape_strides(spec.geometry)
-        return buffer.view(spec.geometry.dtype).as_strided(shape, strides)
+    @property
+    def library(self):
+        return f"AMD AITER {self._version}"
 
     def kernel_views(self, cache, spec) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError

@@ -29,7 +29,8 @@ pos // N]``, row ``pos % N`` (page.cuh:417-423), with no skip and no bounds chec
 declares no padding slot (``Capabilities.padding_slots``): the padding check is not applicable and
 the other checks send their mappings without ``-1`` (conformance/harness/ops.py
 ``declared_slots``). Dropping such rows here would make a padding check check the adapter, so a
-mapping with ``-1`` that reaches it anyway raises ``OpUnavailable(this_input=True)``. The index tensors keep the mapping's dtype: FlashInfer's own wrapper converts them to the
+mapping with ``-1`` that reaches it anyway raises ``OpUnavailable(this_input=True)``.
+The index tensors keep the mapping's dtype: FlashInfer's own wrapper converts them to the
 int32 its kernel reads (``.int()``, page.py:153-157; page.cu:95-106), so an int64 mapping takes
 that path of FlashInfer's, as an engine holding int64 positions would.
 
@@ -54,7 +55,8 @@ import torch
 
 from kvconform import reference as R
 
-from .contract import Backend, BackendUnavailable, Capabilities, OpUnavailable
+from .contract import BackendUnavailable, Capabilities, OpUnavailable
+from .kernel_library import KernelLibrary
 from .triton_backends import device_arch
 
 PINNED = "flashinfer-python==0.7.2.post1"  # what docs/REAL_KERNELS.md's verdicts were measured on
@@ -124,7 +126,7 @@ def load_flashinfer():
     return flashinfer
 
 
-class FlashInferBackend(Backend):
+class FlashInferBackend(KernelLibrary):
     """``append_paged_kv_cache`` and the CUDA-core paged decode on one E1 order (``NHD``/``HND``).
     ``flashinfer``: the package (default: the installed one); CPU tests pass a stand-in."""
 
@@ -155,24 +157,11 @@ class FlashInferBackend(Backend):
         return device_arch(self.platform)
 
     def undeclared_op(self, op):
-        return f"FlashInfer {self._version}", NOT_FLASHINFERS.get(op, f"has no {op} op of its own (a kernel library)")
+        return self.library, NOT_FLASHINFERS.get(op, f"has no {op} op of its own (a kernel library)")
 
-    # Connector gating is an attention engine's (vLLM's backend classes), not a kernel library's.
-    def _engine_only(self, what: str):
-        raise OpUnavailable(f"{what} is an attention engine's (vLLM's), not a kernel library's", who=f"FlashInfer {self._version}")
-
-    def supports_kv_connector(self):
-        return False
-
-    def connector_layouts(self):
-        self._engine_only("the layouts a KV connector runs with")
-
-    def validate_configuration(self, **_):
-        self._engine_only("validate_configuration()")
-
-    def allocate(self, buffer, spec):
-        shape, strides = spec.layout.view_shape_strides(spec.geometry)
-        return buffer.view(spec.geometry.dtype).as_strided(shape, strides)
+    @property
+    def library(self):
+        return f"FlashInfer {self._version}"
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
         batch_indices, positions, tables = append_arguments(slot_mapping, spec.geometry.block_size)
