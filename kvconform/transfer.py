@@ -359,7 +359,7 @@ def run_reshard(job: Reshard, timeout: float = 180.0, engine: str = "gloo") -> d
 
 
 def main() -> None:
-    """``python -m conformance.transfer [gloo|nccl]``: every pair plus the wrong-plane sender, with timings."""
+    """``python -m kvconform.transfer [gloo|nccl]``: every pair plus the wrong-plane sender, with timings."""
     import sys
 
     engine = sys.argv[1] if len(sys.argv) > 1 else "gloo"

@@ -20,6 +20,8 @@ import fractions
 import functools
 import json
 import math
+import os
+import stat
 from collections import Counter
 
 import torch
@@ -224,6 +226,9 @@ def _check_strides(d, layout, g, side, dims, key, source):
                                   f"{layout.block_pad}) put it at {want[symbol]}; kvconform descriptors describe dense layouts")
 
 
+DESCRIPTOR_FILE_LIMIT = 64 << 20  # bytes: a descriptor is about 1 KiB, one per TP rank
+
+
 def load(path: str, role: str | None = None) -> list[dict]:
     """The descriptors in a file (one object, or a list of them: one per TP rank), validated.
 
@@ -231,8 +236,14 @@ def load(path: str, role: str | None = None) -> list[dict]:
     producer side (``role="producer"``) must describe every rank: a consumer head whose holders
     are all missing would have no source."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO opened so does not wait for a writer
+        with open(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # /dev/zero would be read without end
+                raise DescriptorError(f"{path}: not a regular file; expected a layout descriptor file")
+            raw = fh.read(DESCRIPTOR_FILE_LIMIT + 1)
+        if len(raw) > DESCRIPTOR_FILE_LIMIT:
+            raise DescriptorError(f"{path}: larger than {DESCRIPTOR_FILE_LIMIT} bytes; expected a layout descriptor file")
+        data = json.loads(raw.decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise DescriptorError(f"{path}: not a readable descriptor file ({exc})") from exc
     if isinstance(data, list) and not data:

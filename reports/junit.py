@@ -35,6 +35,8 @@ PROPERTIES = ("test_id", "backend", "family", "check", "platform", "arch", "run_
 RESULT_TAGS = ("failure", "error", "skipped")
 CARRIED = "kvconform"  # the record the plugin carries across xdist in each report: not a property of the JUnit file
 FILTER_ONLY = {"filtered", "no-tests"}
+RESULT_OF = {"failed": "failure", "error": "error", "crashed": "error", "timeout": "error",  # as pytest's writer tags them
+             "not-applicable": "skipped", "expected-failure": "skipped", "skipped": "skipped"}
 # Characters XML 1.0 cannot hold, not even as references (the W3C Char production), and DEL:
 # the set pytest's own JUnit writer escapes, the way it escapes them (``#x1B``).
 _NOT_XML = re.compile("[^\t\n\r\x20-\x7e\x80-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -136,3 +138,20 @@ def annotate(xml_text: str, document: dict) -> str:
             suite.set(attribute, str(sum(1 for c in cases if c.find(tag) is not None)))
     _xml_safe(root)
     return '<?xml version="1.0" encoding="utf-8"?>' + ET.tostring(root, encoding="unicode")
+
+
+def from_document(document: dict) -> str:
+    """A JUnit file for a run whose pytest never wrote one (``--kvc-timeout`` without xdist: the
+    watchdog ends the only process): one test case per record, then annotated like pytest's."""
+    root = ET.Element("testsuites")
+    suite = ET.SubElement(root, "testsuite", name="pytest")
+    for record in document["tests"]:
+        nodeid = xml_safe_text(record["nodeid"])
+        path, _, name = nodeid.partition("::")
+        case = ET.SubElement(suite, "testcase", classname=path.removesuffix(".py").replace("/", "."), name=name,
+                             time=str(record.get("duration_s") or 0))
+        ET.SubElement(ET.SubElement(case, "properties"), "property", name="test_id", value=nodeid)
+        tag = RESULT_OF.get(record["outcome"])
+        if tag is not None:
+            ET.SubElement(case, tag, message="").text = xml_safe_text(record.get("message") or "")
+    return annotate(ET.tostring(root, encoding="unicode"), document)

@@ -5,7 +5,6 @@ Plus the command line and descriptor validation."""
 
 import json
 import math
-import subprocess
 import sys
 from fractions import Fraction
 
@@ -18,7 +17,14 @@ from kvconform import compat
 from kvconform import reference as R
 from kvconform.reference.errors import InputError
 
+from . import fork_server
 from .suite_runs import ROOT
+
+
+def cli(*args: str):
+    """``python -m ARGS`` from the checkout (forked: tests/fork_server.py)."""
+    return fork_server.run([sys.executable, "-m", *args], cwd=ROOT, timeout=600)
+
 
 LAYOUTS = {k: v for k, v in R.named_layouts().items() if not k.startswith("E1:cross")}
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2)
@@ -184,27 +190,27 @@ def test_command_line_prints_a_verdict_per_rank(tmp_path):
     g = R.Geometry(num_blocks=8, block_size=16, num_kv_heads=1, head_size=64, dtype=torch.float8_e4m3fnuz)
     consumer.write_text(json.dumps([compat.describe(R.aiter_shuffle(), g, tp_rank=r, tp_size=2, k_scale=1.0, v_scale=1.0, backend="reference_gfx942")
                                     for r in range(2)]))
-    run = subprocess.run([sys.executable, "-m", "kvconform.compat", str(producer), str(consumer)], capture_output=True, text=True, cwd=ROOT)
+    run = cli("kvconform.compat", str(producer), str(consumer))
     assert run.returncode == 0, run.stderr
     assert run.stdout.count("compatible: converted (layout, dtype)") == 2 and "heads 1..1 of producer rank 0 → heads 0..0 of consumer rank 1" in run.stdout
-    refused = subprocess.run([sys.executable, "-m", "kvconform", "compat", str(consumer), str(producer)], capture_output=True, text=True, cwd=ROOT)
+    refused = cli("kvconform", "compat", str(consumer), str(producer))
     assert refused.returncode == 1 and "incompatible: float8_e4m3fnuz → float8_e4m3fn is not exact" in refused.stdout
     producer.write_text("{}")
-    broken = subprocess.run([sys.executable, "-m", "kvconform.compat", str(producer), str(consumer)], capture_output=True, text=True, cwd=ROOT)
+    broken = cli("kvconform.compat", str(producer), str(consumer))
     assert broken.returncode == 2 and "schema" in broken.stderr
 
 
 def test_describe_writes_each_ranks_descriptor_for_compat(tmp_path):
     h100, mi300 = tmp_path / "h100.json", tmp_path / "mi300.json"
     for backend, layout, tp, out in (("triton_flash", "E1:NHD", 1, h100), ("reference_gfx942", "AITER:shuffle-blocks_first", 2, mi300)):
-        made = subprocess.run([sys.executable, "-m", "kvconform", "describe", "--backend", backend, "--layout", layout, "--kv-cache-dtype", "fp8",
-                               "--tp-size", str(tp), "--k-scale", "0.5", "--v-scale", "0.5", "-o", str(out)], capture_output=True, text=True, cwd=ROOT)
+        made = cli("kvconform", "describe", "--backend", backend, "--layout", layout, "--kv-cache-dtype", "fp8",
+                               "--tp-size", str(tp), "--k-scale", "0.5", "--v-scale", "0.5", "-o", str(out))
         assert made.returncode == 0, made.stderr
     ranks = json.loads(mi300.read_text())
     assert [(d["tp_rank"], d["num_kv_heads"], d["k_scale"], d["fp8_format"]) for d in ranks] == [(0, 4, 1.0, "float8_e4m3fnuz"), (1, 4, 1.0, "float8_e4m3fnuz")]
-    assert subprocess.run([sys.executable, "-m", "kvconform", "compat", str(h100), str(mi300)], capture_output=True, cwd=ROOT).returncode == 0
-    assert subprocess.run([sys.executable, "-m", "kvconform", "compat", str(mi300), str(h100)], capture_output=True, cwd=ROOT).returncode == 1
-    unknown = subprocess.run([sys.executable, "-m", "kvconform", "describe", "--backend", "triton_flash", "--layout", "E3:LBHNC"], capture_output=True, text=True, cwd=ROOT)
+    assert cli("kvconform", "compat", str(h100), str(mi300)).returncode == 0
+    assert cli("kvconform", "compat", str(mi300), str(h100)).returncode == 1
+    unknown = cli("kvconform", "describe", "--backend", "triton_flash", "--layout", "E3:LBHNC")
     assert unknown.returncode == 2 and "declares no layout 'E3:LBHNC'" in unknown.stderr
 
 
@@ -279,15 +285,15 @@ def test_bad_files_exit_2_naming_the_file(tmp_path):
     for name, text in cases.items():
         path = tmp_path / name
         path.write_text(text, encoding="latin-1")
-        run = subprocess.run([sys.executable, "-m", "kvconform", "compat", str(path), str(consumer)], capture_output=True, text=True, cwd=ROOT)
+        run = cli("kvconform", "compat", str(path), str(consumer))
         assert run.returncode == 2 and str(path) in run.stderr and "Traceback" not in run.stderr, (name, run.returncode, run.stderr[-500:])
-    missing = subprocess.run([sys.executable, "-m", "kvconform", "compat", str(tmp_path / "half.json"), str(consumer)], capture_output=True, text=True, cwd=ROOT)
+    missing = cli("kvconform", "compat", str(tmp_path / "half.json"), str(consumer))
     assert "rank(s) [1] are not described: model heads [2, 3] would have no source" in missing.stderr
 
 
 @pytest.mark.parametrize("args", [["--tp-size", "0"], ["--num-blocks", str(2**70)], ["--total-kv-heads", "0"], ["--k-scale", "inf"], ["--total-kv-heads", "3", "--tp-size", "2"]])
 def test_describe_exits_2_on_sizes_outside_the_schema(args):
-    run = subprocess.run([sys.executable, "-m", "kvconform", "describe", "--backend", "reference", *args], capture_output=True, text=True, cwd=ROOT)
+    run = cli("kvconform", "describe", "--backend", "reference", *args)
     assert run.returncode == 2 and "kvconform describe:" in run.stderr and "Traceback" not in run.stderr, run.stderr[-500:]
 
 

@@ -1,7 +1,7 @@
 """Every input file format, malformed — wrong encoding, wrong types, truncated, huge — gives an
 :class:`InputError` naming the file, never a traceback (issue #26, "Bounded work on bad input";
-docs/RELIABILITY.md). Expectations, digest and results files here; submission bundles in
-tests/test_certify.py (they need a certified run); layout descriptors have their own tests.
+docs/RELIABILITY.md). Expectations, digest, results and layout descriptor files here; submission
+bundles in tests/test_certify.py (they need a certified run).
 
 Hypothesis runs each with a fixed budget (BUDGET: derandomized, so CI sees the same examples).
 To extend: a new format is one ``load`` function and one valid sample below.
@@ -9,6 +9,7 @@ To extend: a new format is one ``load`` function and one valid sample below.
 
 import functools
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -148,6 +149,43 @@ def test_a_results_file_with_a_field_of_the_wrong_type_is_refused_or_rendered(wh
     document = refused_naming_it_or_read(cli.load, data, ".json")
     if document is not None:
         render_everywhere(document)
+
+
+@functools.cache
+def descriptor_file_text() -> str:
+    """Two TP ranks of an fp8 producer: a file ``kvconform compat`` reads."""
+    import torch
+
+    from kvconform import reference as R
+    from kvconform.reference import compat
+
+    g = R.Geometry(num_blocks=8, block_size=16, num_kv_heads=1, head_size=64, dtype=torch.float8_e4m3fn)
+    return json.dumps([compat.describe(R.blocks_first("HND"), g, tp_rank=r, tp_size=2, total_kv_heads=2, k_scale=0.5, v_scale=0.5,
+                                       kv_cache_dtype="fp8") for r in range(2)])
+
+
+@BUDGET
+@given(st.data())
+def test_a_malformed_descriptor_file_is_refused_naming_it(data):
+    from kvconform.reference import compat
+
+    descriptors = refused_naming_it_or_read(lambda path: compat.load(path, role="producer"), data.draw(malformed(descriptor_file_text())), ".json")
+    if descriptors is not None:  # what loads can be checked against itself
+        for producer in descriptors:
+            compat.check(producer, descriptors[0])
+
+
+@pytest.mark.parametrize("path", ["/dev/zero", "fifo"])
+def test_a_descriptor_path_that_is_not_a_regular_file_is_refused_unread(tmp_path, path):
+    from kvconform.reference import compat
+
+    from .test_hostile_outputs import finishes
+
+    if path == "fifo":
+        path = str(tmp_path / "fifo")
+        os.mkfifo(path)
+    with pytest.raises(compat.DescriptorError, match=f"{path}: not a regular file"):
+        finishes(lambda: compat.load(path))
 
 
 # ----------------------------------------------------------------------------- huge

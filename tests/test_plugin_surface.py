@@ -13,12 +13,13 @@ from _pytest.config.argparsing import Parser
 from kvconform.conformance.plugin import options
 from kvconform.conformance.plugin.collection import SuiteModule, suite_command
 
+from . import fork_server
+
 SWEEPS_AND_CASE = ("case", "cache_dtype", "fp8_cache_dtype", "size_class", "exported_digests", "peers")
 
 
 def suite(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(suite_command("--kvc-backend", "reference", *args, python=sys.executable), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)
+    return fork_server.run(suite_command("--kvc-backend", "reference", *args, python=sys.executable), cwd=tmp_path, timeout=600)
 
 
 def test_fixtures_lists_every_sweep_parameter_with_its_docstring(tmp_path):
@@ -64,3 +65,13 @@ def test_every_record_of_a_run_matches_the_schema_derived_from_the_record_type(t
             allowed = rule["type"] if isinstance(rule["type"], list) else [rule["type"]]
             assert isinstance(record[name], tuple(kinds[k] for k in allowed)), (record["nodeid"], name, record[name])
         assert record["outcome"] in schema["properties"]["outcome"]["enum"]
+
+
+def test_every_validator_raises_input_error_and_one_hook_makes_it_a_usage_error():
+    """One usage-error type (issue #22 item 5): validators raise ``InputError`` (or a subclass);
+    only ``plugin/hooks.py`` constructs ``pytest.UsageError``."""
+    from .suite_runs import ROOT
+
+    raising = sorted(str(path.relative_to(ROOT)) for package in ("conformance", "reports", "reference", "backends_under_test", "kvconform")
+                     for path in (ROOT / package).rglob("*.py") if "UsageError(" in path.read_text())
+    assert raising == ["conformance/plugin/hooks.py"]

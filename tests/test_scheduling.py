@@ -58,13 +58,14 @@ def xdist_config(*args, addopts=()):
                                  invocation_params=types.SimpleNamespace(args=args), getini=lambda name: list(addopts))
 
 
-def test_workers_pull_one_test_at_a_time_unless_the_user_chose_how(monkeypatch):
+def test_workers_pull_one_test_at_a_time_unless_the_user_chose_how(monkeypatch, tmp_path):
     monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    first_run = types.SimpleNamespace(options=types.SimpleNamespace(json_path=str(tmp_path / "results.json"), profile="quick", device="cpu"))
     plain = xdist_config("-n", "8")
-    scheduling.Scheduler(run=None).pytest_configure(plain)
+    scheduling.Scheduler(first_run).pytest_configure(plain)
     assert plain.option.maxschedchunk == 1
     for chosen in (xdist_config("-n", "8", "--maxschedchunk", "4"), xdist_config("--dist=load", "-n", "8"), xdist_config(addopts=["--dist", "load"])):
-        scheduling.Scheduler(run=None).pytest_configure(chosen)
+        scheduling.Scheduler(first_run).pytest_configure(chosen)
         assert chosen.option.maxschedchunk is None
 
 

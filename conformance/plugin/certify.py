@@ -39,7 +39,7 @@ def pinned(config, opts: options.RunOptions) -> options.RunOptions:
     if outside:
         refused.append(f"{' '.join(outside)} (a certified run collects the whole {collection.SUITE}, nothing more or less)")
     if refused:
-        raise pytest.UsageError("--kvc-certify refuses " + "; ".join(refused))
+        raise options.OptionError("--kvc-certify refuses " + "; ".join(refused))  # a usage error (exit 4), made in hooks.pytest_configure
     return dataclasses.replace(opts, profile=submission.PROFILE, seed=submission.SEED)
 
 

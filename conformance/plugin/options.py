@@ -160,7 +160,7 @@ def check_device(device: str) -> None:
 
 
 # ----------------------------------------------------------------------------- pytest internals
-# Supported pytest: 8.x and 9.x (tests/test_pytest_versions.py pins what this relies on).
+# Supported pytest: 8.x and 9.x (tests/test_plugin_surface.py pins what this relies on).
 SUPPORTED_MAJOR = (8, 9)
 
 

@@ -66,22 +66,43 @@ def filters(config, deselected: int = 0) -> list[dict]:
     return [{"kind": "filtered", "what": f"{', '.join(found)} select{'s' if len(found) == 1 else ''} part of the suite{counted}"}]
 
 
-def count_checks(items) -> int:
-    return sum(1 for item in items if collection.is_check_file(item.path))
-
-
 class DeselectionTally:
-    """On an xdist worker: how many checks it deselected, sent to the controller with the
-    worker's output (the controller collects nothing itself)."""
+    """How many of the suite's tests were deselected (``-m``, ``-k``, a plugin that says so) and
+    how many were *dropped* at collection without being reported deselected (a plugin or
+    conftest that removes items from the list): on an xdist worker sent to the controller with
+    the worker's output (the controller collects nothing itself); without xdist the recorder
+    reads it. The tests the suite generated are counted before any other plugin's
+    ``pytest_collection_modifyitems`` runs, and the ones left after all of them."""
 
     KEY = "kvconform_deselected"
+    DROPPED = "kvconform_dropped"
 
     def __init__(self, config):
         self.config = config
+        self.deselected: set[str] = set()
+        self.missing: set[str] = set()  # generated, then gone from the list after every plugin's changes
 
     def pytest_deselected(self, items):
-        output = self.config.workeroutput
-        output[self.KEY] = output.get(self.KEY, 0) + count_checks(items)
+        self.deselected |= {item.nodeid for item in items if collection.is_check_file(item.path)}
+        self._send()
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)  # the outermost wrapper: around every plugin's changes
+    def pytest_collection_modifyitems(self, items):
+        generated = {item.nodeid for item in items if collection.is_check_file(item.path)}
+        result = yield
+        self.missing = generated - {item.nodeid for item in items}
+        self._send()
+        return result
+
+    def counts(self) -> tuple[int, list]:
+        """(checks deselected, [the first test dropped or None, how many were dropped])."""
+        dropped = sorted(self.missing - self.deselected)
+        return len(self.deselected), [dropped[0] if dropped else None, len(dropped)]
+
+    def _send(self) -> None:
+        output = getattr(self.config, "workeroutput", None)
+        if output is not None:
+            output[self.KEY], output[self.DROPPED] = self.counts()
 
 
 def stops(session, exitstatus: int, collect_errors: list[str]) -> list[dict]:
@@ -109,6 +130,15 @@ def not_collected(selected: set[str] | None) -> list[dict]:
         return []
     return [{"kind": "not-collected", "what": f"{len(missing)} check(s) of the suite were never collected, e.g. {missing[0]} "
                                               "(--ignore, or a plugin or conftest that dropped them)"}]
+
+
+def dropped_tests(first: str | None, count: int) -> list[dict]:
+    """Tests the suite generated that a plugin or conftest removed at collection without reporting
+    them deselected (a check keeps other parametrizations, so the check names are all there)."""
+    if not count:
+        return []
+    return [{"kind": "not-collected", "what": f"{count} test(s) the suite generated were dropped at collection without being "
+                                              f"reported deselected, e.g. {collection.suite_test_id(first) or first} (a plugin or conftest removed them)"}]
 
 
 def missing_verdicts(selected: set[str] | None, with_verdict: set[str]) -> list[dict]:
@@ -165,7 +195,7 @@ def environment(run, backends: dict) -> dict:
 class ResultRecorder:
     """A pytest plugin object: one record per test; JSON, HTML, JUnit and the terminal report at the end."""
 
-    def __init__(self, run, environment: dict, lock=None):
+    def __init__(self, run, environment: dict, lock=None, tally: DeselectionTally | None = None):
         if run.options.timeout:
             watchdog.clear(run.options.json_path)
         self.run = run
@@ -177,7 +207,8 @@ class ResultRecorder:
         self.stale_expectations: list[dict] = []
         self.selected: set[str] | None = None  # node ids of the kvconform tests this run selected
         self.collect_errors: list[str] = []
-        self.deselected = 0  # checks deselected by anything (-m, -k, a plugin)
+        self.tally = tally  # tests deselected or dropped at collection in this process (not on the xdist controller)
+        self.from_workers = (0, [None, 0])  # DeselectionTally.counts() as the xdist workers reported them
         self.completion: dict | None = None  # set at the end of the session
         self.notes: list[tuple[str, str]] = []  # (style, line) for the terminal summary
         self.tests_ran = False  # the session ran its test loop (not --collect-only, --fixtures …)
@@ -193,23 +224,31 @@ class ResultRecorder:
         if session.items:  # xdist's controller collects nothing: its workers report below
             self.selected = {item.nodeid for item in session.items if collection.PLANNED in item.stash}
 
-    def pytest_deselected(self, items):
-        self.deselected += count_checks(items)
-
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error):
-        self.deselected = max(self.deselected, getattr(node, "workeroutput", {}).get(DeselectionTally.KEY, 0))
+        output = getattr(node, "workeroutput", {})  # every worker collects the same tests: keep the largest counts
+        deselected, dropped = output.get(DeselectionTally.KEY, 0), output.get(DeselectionTally.DROPPED, [None, 0])
+        self.from_workers = (max(self.from_workers[0], deselected), max(self.from_workers[1], dropped, key=lambda d: d[1]))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids):
         if self.selected is None:  # node ids name the check module relative to where pytest found it
             self.selected = {i for i in ids if collection.is_check_file(collection.suite_dir() / Path(i.split("::")[0]).name)}
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session):
+        """From here on the results file is this run's or none. Before xdist starts its workers
+        (its own session start runs last): pytest takes ``--kvc-json``'s value for a path when it
+        picks the rootdir, so workers that saw the earlier file and workers that did not would
+        name the same tests differently, and xdist would stop the run after collection."""
+        self.session = session  # the watchdog's last words need it
+        option = session.config.option
+        if not (option.collectonly or getattr(option, "showfixtures", False) or getattr(option, "show_fixtures_per_test", False)):
+            set_aside(self.run.options.json_path, self.html_path)
+
     @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session):
         self.tests_ran = not session.config.option.collectonly
-        if self.tests_ran:  # from here on the results file is this run's or none
-            set_aside(self.run.options.json_path, self.html_path)
         return (yield)
 
     # ------------------------------------------------------------------ verdicts
@@ -244,16 +283,31 @@ class ResultRecorder:
         self.completion["reasons"].append({"kind": "timeout", "what": f"{planned.test_id} exceeded --kvc-timeout without xdist; "
                                                                     "the run ended there (use -n 1 or `kvconform run` to carry on)"})
         self.completion["complete"] = False
+        capture = config.pluginmanager.get_plugin("capturemanager")
+        if capture is not None:  # pytest captures the test's output, and the process ends before it shows it
+            capture.suspend_global_capture(in_=False)
         self._write(config)
+        xml_path = getattr(config.option, "xmlpath", None)
+        if xml_path and not os.path.exists(xml_path):  # pytest's JUnit writer will never run: the records make one
+            from kvconform.reports.junit import from_document
+
+            write_atomically(xml_path, from_document(self.document()))
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            self.pytest_terminal_summary(reporter)
+        if self.lock is not None:
+            self.lock.release()
 
     # ------------------------------------------------------------------ the end of the run
     def _completion(self, session, exitstatus: int) -> dict:
         with_verdict = {nodeid for nodeid, test_id in self.nodeids.items() if test_id in self.records}
-        narrowed = filters(session.config, self.deselected)
+        deselected, (first, dropped) = self.from_workers if self.tally is None else self.tally.counts()
+        narrowed = filters(session.config, deselected)
         reasons = [
             *stops(session, exitstatus, self.collect_errors),
             *narrowed,
             *([] if narrowed else not_collected(self.selected)),
+            *dropped_tests(first, dropped),
             *missing_verdicts(self.selected, with_verdict),
         ]
         if self.run.compare is not None:
@@ -282,9 +336,6 @@ class ResultRecorder:
     def html_path(self) -> str:
         options = self.run.options
         return options.html_path or os.path.splitext(options.json_path)[0] + ".html"
-
-    def pytest_sessionstart(self, session):
-        self.session = session  # the watchdog's last words need it
 
     @pytest.hookimpl(trylast=True)  # after pytest's JUnit writer: its file is annotated here
     def pytest_sessionfinish(self, session, exitstatus):

@@ -65,6 +65,8 @@ class Scheduler:
     def pytest_configure(self, config):
         if getattr(config.option, "dist", "no") == "load" and not _chosen(config):
             config.option.maxschedchunk = 1
+        if not hasattr(config, "workerinput"):
+            self.previous_durations()  # now: the recorder sets that file aside as the session starts
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node):

@@ -58,10 +58,6 @@ class SuiteRun:
         controller = not hasattr(config, "workerinput")  # xdist workers send their reports to the controller
         if controller:
             _check_outputs(config, opts)
-        else:
-            from .recorder import DeselectionTally
-
-            config.pluginmanager.register(DeselectionTally(config), "kvconform-deselected")
         # Hypothesis' scratch files go beside the results, never into the caller's tree or site-packages.
         set_hypothesis_home_dir(os.path.join(os.path.dirname(os.path.abspath(opts.json_path)), ".hypothesis"))
         profiles = {
@@ -85,12 +81,18 @@ class SuiteRun:
 
             compare = reference_export([layout for loaded in backends.values() if loaded.backend for layout in loaded.backend.capabilities.layouts])
         run = cls(options=opts, backends=backends, expectations=known, compare=compare, left_out=left_out)
+        from .recorder import DeselectionTally
+
+        # what collection deselected or dropped: read by the recorder, or sent by an xdist worker to it
+        tally = DeselectionTally(config) if not getattr(config.option, "numprocesses", None) or not controller else None
+        if tally is not None:
+            config.pluginmanager.register(tally, "kvconform-deselected")
         if controller:
             from .outputs import ResultsLock
             from .recorder import ResultRecorder, environment
 
             lock = ResultsLock.acquire(opts.json_path)  # last: nothing below can refuse the run
-            config.pluginmanager.register(ResultRecorder(run, environment(run, run.backend_facts()), lock), "kvconform-results")
+            config.pluginmanager.register(ResultRecorder(run, environment(run, run.backend_facts()), lock, tally), "kvconform-results")
             if opts.certify:
                 from .certify import Certifier
 

@@ -43,9 +43,10 @@ def start(limit: float, json_path: str, test_id: str, last_words=None) -> thread
         os.makedirs(notes_dir(json_path), exist_ok=True)
         with open(_note(json_path, test_id), "w") as fh:
             fh.write(test_id)
-        sys.stderr.write(f"kvconform: {test_id} exceeded --kvc-timeout {limit}s; ending this process\n")
-        if last_words is not None:
+        if last_words is not None:  # without xdist: the results, JUnit and terminal report (pytest's capture suspended)
             last_words()
+        sys.stderr.write(f"kvconform: {test_id} exceeded --kvc-timeout {limit}s; ending this process\n")
+        sys.stdout.flush()
         sys.stderr.flush()
         os._exit(EXIT_STATUS)
 
