@@ -9,7 +9,8 @@ from kvconform import reference as R
 from kvconform.reports.equivalence import compare_entries
 
 from .harness.applicability import RUN, NotApplicable, NotApplicableHere
-from .harness.assertions import ConformanceFailure, describe
+from .harness.assertions import ConformanceFailure, assert_bytes_equal, describe
+from .harness.diagnosis import WriteInputs
 from .harness.equivalence import CASES, digest_record, golden_key, inputs, load_golden, scales, written_blocks
 from .harness.ops import synchronize
 
@@ -51,17 +52,26 @@ def test_canonical_bytes_equal_the_committed_reference_digests(case, golden_case
     record, arena, spec = written(case, golden_case)
     golden = load_golden()["cases"][golden_key(golden_case, record["fp8_format"])]
     if record["canonical"] != golden["canonical"]:
-        expected = torch.zeros(arena.region.numel(), dtype=torch.uint8)
+        # The reference's write of the same inputs into the same zero-filled arena: the bytes the
+        # digest stands for, compared element by element so the failure says where the wrong bytes
+        # came from (diagnosis, byte map, first rows) like every other byte comparison (#23).
+        initial = arena.snapshot()
+        initial.region.zero_()
+        expected = initial.snapshot()
         key, value, slots = inputs(golden_case)
+        if not case.backend.capabilities.padding_slots:  # what written() gave the backend
+            key, value, slots = key[slots >= 0], value[slots >= 0], slots[slots >= 0]
         k_scale, v_scale = scales(record["fp8_format"])
-        R.reshape_and_cache(key, value, expected, spec.layout, spec.geometry, slots, k_scale=k_scale, v_scale=v_scale)
-        blocks = written_blocks(golden_case)
+        R.reshape_and_cache(key, value, expected.region, spec.layout, spec.geometry, slots, k_scale=k_scale, v_scale=v_scale)
+        digests = f"canonical digest {record['canonical'][:16]}… is not the reference's {golden['canonical'][:16]}…"
+        assert_bytes_equal("equivalence", case, expected, arena, digests, initial=initial, zero_fill=True,
+                           writes=WriteInputs(key, value, slots, k_scale, v_scale))
+        blocks = written_blocks(golden_case)  # equal arenas with differing digests: the committed digest is not the reference's
         ours = R.canonical_block_bytes(arena.region.cpu(), spec.layout, spec.geometry, blocks).flatten()
-        theirs = R.canonical_block_bytes(expected, spec.layout, spec.geometry, blocks).flatten()
-        where = first_canonical_difference(spec, golden_case, ours, theirs)
+        theirs = R.canonical_block_bytes(expected.region, spec.layout, spec.geometry, blocks).flatten()
+        where = first_canonical_difference(spec, golden_case, ours, theirs) if bool((ours != theirs).any()) else "nowhere (the bytes equal the reference's)"
         raise ConformanceFailure(
-            f"equivalence: canonical digest {record['canonical'][:16]}… is not the reference's {golden['canonical'][:16]}…; "
-            f"{int((ours != theirs).sum())} bytes differ, first at {where}\n  repro: {case.repro}",
+            f"equivalence: {digests}; {int((ours != theirs).sum())} bytes differ, first at {where}\n  repro: {case.repro}",
             {"property": "equivalence", "mismatches": [{"where": where, "expected": golden["canonical"], "actual": record["canonical"]}]},
         )
     page = golden["pages"].get(record["layout"])

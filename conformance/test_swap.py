@@ -52,7 +52,9 @@ def test_swap_of_blocks_0_and_1_moves_blocks_not_planes(case):
     spec = case.spec(case.geometry(num_blocks=5))
     src, dst = torch.tensor([1, 0]), torch.tensor([0, 1])
     _, host, expected, before = swap_out(case, spec, src, dst)
-    assert_bytes_equal("swap", case, expected, host, "ids 0/1: a dim-0 copy on a kv-first cache moves whole K/V planes", initial=before)
+    # Block ids 0 and 1 because, on a kv-first cache, an index into dim 0 picks the K or V plane.
+    # The note says what the backend was asked to do; the diagnosis, what it did (#23 item 7).
+    assert_bytes_equal("swap", case, expected, host, f"swap_out {src.tolist()} -> host {dst.tolist()}", initial=before)
 
 
 @pytest.mark.kvc_clause("BLOCK-ALL-LAYERS", "SWAP-DIM0", "LAYOUT-E3-LAYERS")

@@ -41,7 +41,11 @@ def test_a_one_bit_difference_fails_the_golden_digest(tmp_path):
     run = suite(tmp_path, "--backend", "mutant:write_one_bit_flipped")
     records = [r for r in run.records if r["check"] == "test_canonical_bytes_equal_the_committed_reference_digests"]
     assert records and all(r["outcome"] in ("failed", "not-applicable") for r in records)
-    assert any("first at layer=0" in r["message"] for r in records if r["outcome"] == "failed")
+    failed = [r for r in records if r["outcome"] == "failed"]
+    assert failed
+    # the digest, then where the wrong bytes came from and the first wrong element, as every byte comparison says it (#23)
+    assert all("canonical digest" in r["message"] and "bit-flip" in r["message"] and "layer=0 block=" in r["message"] for r in failed), failed[0]["message"]
+    assert all({f["fault"] for f in r["failure"]["diagnosis"]} == {"bit-flip"} and r["failure"]["byte_map"] for r in failed)
 
 
 def test_merged_report_shows_the_equivalence_matrix(tmp_path):

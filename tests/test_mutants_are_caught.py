@@ -15,15 +15,15 @@ CORRECT = {
 }
 
 
-def run_focused(tmp_path_factory, backends, standard, *extra):
+def run_focused(tmp_path_factory, backends, standard, *extra, fresh=False):
     """The suite under xdist; mutants run only the families they are aimed at (tests/mutant_focus.py).
     Failures are told in one line each (``--tb=line``): the records carry what failed and why."""
     return run_suite_process(tmp_path_factory.mktemp("suite"), "-n", "2", "-p", "tests.mutant_focus", "--tb=line", "--backend", ",".join(backends),
-                             "--standard", standard, *extra)
+                             "--standard", standard, *extra, fresh=fresh)
 
 
-def run_suite(tmp_path_factory, backends, standard, *extra):
-    return outcomes_of(run_focused(tmp_path_factory, backends, standard, *extra))
+def run_suite(tmp_path_factory, backends, standard, *extra, fresh=False):
+    return outcomes_of(run_focused(tmp_path_factory, backends, standard, *extra, fresh=fresh))
 
 
 def outcomes_of(result):
@@ -107,7 +107,8 @@ def test_kv_first_backend_is_gated_not_failed(e1_results):
 
 def test_same_seed_gives_identical_results(e1_results, tmp_path_factory):
     backends = ["reference", "mutant:write_padding_slots", "mutant:split_copies"]
-    again = run_suite(tmp_path_factory, backends, "e1")  # alone: no state shared with the other backends of the big run
+    # alone, in a new Python (its own hash seed): no state shared with the big run
+    again = run_suite(tmp_path_factory, backends, "e1", fresh=True)
     assert again == {backend: e1_results[backend] for backend in backends}
 
 

@@ -91,15 +91,54 @@ def test_flashinfers_append_paged_kv_cache_lands_where_the_reference_puts_each_t
     assert len(lines) == 8 and all(line.endswith("identical to the reference") for line in lines)
 
 
-@pytest.mark.parametrize("run", ["flashinfer", "flashinfer/full"])
+FLASHINFER_RERUN = "flashinfer/rerun-2026-12-01-padding"  # after the adapter declared padding_slots=False
+# The write checks that were n/a before that only because their slot mapping also held a -1.
+WRITES_NO_LONGER_PADDED = {
+    "test_each_declared_cache_dtype_is_written_at_reference_offsets": 2,
+    "test_each_declared_size_class_is_written_at_reference_offsets": 4,
+    "test_key_rows_beyond_slot_mapping_are_ignored": 1,
+    "test_single_kv_head_with_degenerate_head_stride_is_written": 1,
+    "test_last_block_of_a_cache_past_2_31_elements_is_written": 1,
+}
+
+
+def flashinfer_rows(run: str) -> list[dict]:
+    """``DIR`` is DIR/results.json.gz, ``DIR/full`` DIR/full-results.json.gz."""
+    directory, _, prefix = run.rpartition("/") if run.endswith("/full") else (run, "", "")
+    with gzip.open(RUN / directory / f"{prefix + '-' if prefix else ''}results.json.gz", "rt") as fh:
+        return json.load(fh)["tests"]
+
+
+@pytest.mark.parametrize("run", [FLASHINFER_RERUN, f"{FLASHINFER_RERUN}/full"])
 def test_flashinfers_own_append_and_decode_pass_every_check_that_applies(run):
     # No expectations file: docs/REAL_KERNELS.md says FlashInfer got nothing wrong under the suite.
-    directory, prefix = run.partition("/")[::2]
-    with gzip.open(RUN / directory / f"{prefix + '-' if prefix else ''}results.json.gz", "rt") as fh:
-        rows = json.load(fh)["tests"]
+    rows = flashinfer_rows(run)
+    assert {r["outcome"] for r in rows} == {"passed", "not-applicable"}
+    for backend in ("flashinfer:nhd", "flashinfer:hnd"):
+        writes = [r for r in rows if r["backend"] == backend and r["family"] == "write"]
+        # Every write check that applies passes; the three that do not are n/a by declaration:
+        # the padding check (no padding slot) and the two fp8 edge-value checks (no fp8 cache).
+        skipped = sorted(r["check"] for r in writes if r["outcome"] == "not-applicable")
+        assert skipped == ["test_fp8_codes_equal_the_reference_encoder_for_edge_values"] * 2 + ["test_padding_slots_leave_cache_untouched"]
+        assert all(r["not_applicable"]["kind"] == "declaration" for r in writes if r["outcome"] == "not-applicable")
+        padding = next(r for r in writes if r["check"] == "test_padding_slots_leave_cache_untouched")
+        assert "declares no padding slot" in padding["not_applicable"]["what"]
+        passed = [r["check"] for r in writes if r["outcome"] == "passed"]
+        assert {check: passed.count(check) for check in WRITES_NO_LONGER_PADDED} == WRITES_NO_LONGER_PADDED
+        generated = next(r for r in writes if r["check"] == "test_written_elements_land_at_reference_offsets_and_nothing_else_changes")
+        assert generated["outcome"] == "passed" and not generated["examples_not_applicable"]  # no padding drawn
+        assert {r["outcome"] for r in rows if r["backend"] == backend and r["family"] == "read"} == {"passed"}
+    if not run.endswith("/full"):  # the bf16 and fp16 golden digests write without their padding rows now
+        goldens = [r for r in rows if r["check"] == "test_canonical_bytes_equal_the_committed_reference_digests"]
+        assert sorted(r["nodeid"].split("-")[-4] for r in goldens if r["outcome"] == "passed") == ["bf16", "bf16", "fp16", "fp16"]
+
+
+@pytest.mark.parametrize("run", ["flashinfer", "flashinfer/full"])
+def test_flashinfers_runs_before_the_padding_declaration_lost_their_write_checks_to_padding(run):
+    # The committed runs before ccf09d1: no failure, and every write n/a was a -1 or an fp8 cache.
+    rows = flashinfer_rows(run)
     assert {r["outcome"] for r in rows} == {"passed", "not-applicable"}
     writes = [r for r in rows if r["family"] == "write" and r["outcome"] == "not-applicable"]
-    # Every write check that did not run lacks either a padding slot or a declared fp8 cache.
     assert writes and all("padding" in r["not_applicable"]["what"] or "fp8" in r["not_applicable"]["what"] for r in writes)
     assert {r["backend"] for r in rows if r["family"] == "read" and r["outcome"] == "passed"} == {"flashinfer:nhd", "flashinfer:hnd"}
 

@@ -164,6 +164,25 @@ def test_the_documents_mark_every_command_this_test_runs_and_spell_kvconforms_op
     assert not short & {arg for args in given for arg in args.split()}, given
 
 
+def test_every_suite_command_of_the_docs_spells_kvconforms_options_with_kvc():
+    """Beyond the blocks this test runs: every pytest command line of README.md and docs/*.md
+    (``pytest --pyargs``, ``pytest conformance``, ``./kvc suite``) and what every ``kvconform
+    run|test|certify`` hands pytest after ``--``, so no example teaches a spelling a vendor's
+    conftest may own (VENDOR_CI.md §6 did: ``--backend``, ``--expectations``)."""
+    short = re.compile(r"(?<![\w-])--(" + "|".join(sorted((n for n, aliased, _ in OPTIONS if aliased), key=len, reverse=True)) + r")\b(?!-)")
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"kvconform (run|test|certify)\b.* -- ", line):
+                handed = line.split(" -- ", 1)[1]
+            elif re.search(r"pytest --pyargs|pytest conformance|\./kvc suite", line):
+                handed = line
+            else:
+                continue
+            found += [f"{path.relative_to(ROOT)}:{number}: {line.strip()}" for _ in short.findall(handed)[:1]]
+    assert not found, "\n".join(found)
+
+
 def pip_installs(script: str) -> list[str]:
     return [c.split("pip install", 1)[1].split()[0].strip('"').lower() for c in commands(script) if "pip install" in c]
 
