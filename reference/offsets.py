@@ -44,7 +44,9 @@ def offset_map(layout: Layout, g: Geometry, blocks=None, heads=None) -> torch.Te
     ``heads``, only those heads on the head axis.
     """
     grid = logical_grid(g, blocks, heads)
-    shape = torch.broadcast_shapes(*(t.shape for t in grid.values()))
+    # Each index of the grid spans its own axis only (torch.broadcast_shapes said the same, at
+    # ~2.5 ms a call: a sixth of a connector interop check's time).
+    shape = tuple(values.numel() for values in grid.values())
     return layout.offsets(g, **grid).expand(shape).contiguous()
 
 

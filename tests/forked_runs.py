@@ -12,20 +12,20 @@ leaves ``results.json``, ``output.txt`` and ``exit_status`` in its directory.
 
 PLAN.json: ``{"fresh": [package prefixes never imported here], "jobs": N, "timeout": seconds,
 "probe": [pytest arguments], "runs": [{"name", "args": [...], "env": {...}, "out": DIR}, ...]}``.
-What to import first is found by a probe: a child that collects the suite with the ``probe``
-arguments (else the first run's; no run's environment) and reports ``sys.modules``.
+What to import first is found by a probe (tests/fork_server.py: ``warm_up``): a child that
+collects the suite with the ``probe`` arguments (else the first run's; no run's environment).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import signal
 import sys
 import time
-import warnings
 from pathlib import Path
+
+from tests.fork_server import warm_up
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE_ARGS = ["--pyargs", "kvconform.conformance", "-p", "no:cacheprovider"]
@@ -57,56 +57,6 @@ def _child(run: dict, jobs: int) -> None:
         os._exit(code)
 
 
-def _probe(run: dict, fresh: list[str], pipe_w: int) -> None:
-    """In a forked child: collect ``run`` (its arguments, none of its environment); write the
-    modules imported."""
-    code = 0
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
-        import pytest
-
-        out = Path(run["out"]) / "probe"
-        pytest.main([*SUITE_ARGS, *run["args"], "--collect-only", "-q", "--kvc-json", str(out / "results.json")])
-        names = [name for name in list(sys.modules) if not name.startswith(tuple(fresh)) and name != "__main__"]
-        os.write(pipe_w, json.dumps(names).encode())
-    except BaseException:  # noqa: BLE001 - the parent then warms up nothing
-        code = 1
-    finally:
-        os.close(pipe_w)
-        os._exit(code)
-
-
-def warm_up(run: dict, fresh: list[str]) -> int:
-    """Import here what a run imports, but for the fresh packages; returns how many modules."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        _probe(run, fresh, write)
-    os.close(write)
-    data = b""
-    while chunk := os.read(read, 1 << 20):
-        data += chunk
-    os.close(read)
-    os.waitpid(pid, 0)
-    names = json.loads(data or b"[]")
-    before = set(sys.modules)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for name in names:
-            if name not in sys.modules:
-                try:
-                    importlib.import_module(name)
-                except BaseException:  # noqa: BLE001 - a module that only imports in context: its run imports it
-                    pass
-    leaked = [name for name in set(sys.modules) - before if name.startswith(tuple(fresh))]
-    if leaked:
-        raise RuntimeError(f"forked_runs: warming up imported fresh modules {leaked[:5]}: their runs would not be fresh")
-    return len(names)
-
-
 def main() -> int:
     plan = json.loads(Path(sys.argv[1]).read_text())
     fresh, runs, jobs = plan["fresh"], plan["runs"], max(1, int(plan.get("jobs", 1)))
@@ -114,7 +64,7 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     start = time.perf_counter()
     probe = {"name": "probe", "args": plan["probe"], "out": runs[0]["out"]} if runs and plan.get("probe") else (runs[0] if runs else None)
-    warmed = warm_up(probe, fresh) if probe else 0
+    warmed = warm_up([*probe["args"], "--collect-only", "-q"], fresh, Path(probe["out"])) if probe else 0
     print(f"forked_runs: {warmed} modules imported once in {time.perf_counter() - start:.1f} s", flush=True)
     pending, running = list(runs), {}
     deadline = time.monotonic() + float(plan.get("timeout", 3600))

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from kvconform.conformance.plugin.collection import suite_command
 
+from . import fork_server
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -38,13 +40,14 @@ class SuiteResult:
 
 
 def run_suite(out_dir, *args: str, python: str | None = None, cwd=ROOT, env: dict | None = None, timeout: float = 1200,
-              target: str | None = None) -> SuiteResult:
+              target: str | None = None, fresh: bool = False) -> SuiteResult:
     """``python -m pytest --pyargs kvconform.conformance ARGS --kvc-json OUT_DIR/results.json``
-    (``target``: a module or test of the suite instead of all of it)."""
+    (``target``: a module or test of the suite instead of all of it), forked from a process that
+    imported the installed packages once (tests/fork_server.py; ``fresh``: a new Python)."""
     out = Path(out_dir) / "results.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = suite_command("--kvc-json", str(out), *args, python=python or sys.executable, **({"target": target} if target else {}))
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    proc = fork_server.run(cmd, cwd=cwd, env={**os.environ, **(env or {})}, timeout=timeout, fresh=fresh)
     return SuiteResult(proc, json.loads(out.read_text()) if out.exists() else None)
 
 

@@ -4,12 +4,12 @@ set-up — and none of it may lose a case. The numbers below are those on the da
 they may grow, never shrink."""
 
 import re
-import subprocess
 import sys
 
 from kvconform.backends_under_test.mutants import MUTANTS
 from kvconform.conformance.plugin.collection import suite_command
 
+from . import fork_server
 from . import test_mutants_are_caught as mutant_tests
 from .suite_runs import ROOT
 from .vllm_cpu.regressions import ENV, REGRESSIONS
@@ -22,8 +22,7 @@ VLLM_REGRESSIONS = 14
 
 
 def test_a_default_run_collects_every_check_it_did():
-    proc = subprocess.run(suite_command("--collect-only", "-q", "--kvc-device", "cpu", python=sys.executable), cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    proc = fork_server.run(suite_command("--collect-only", "-q", "--kvc-device", "cpu", python=sys.executable), cwd=ROOT, timeout=600)
     collected = re.search(r"(\d+) tests? collected", proc.stdout)
     assert collected, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert int(collected.group(1)) >= CHECKS
