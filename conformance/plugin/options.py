@@ -164,6 +164,12 @@ def check_device(device: str) -> None:
 SUPPORTED_MAJOR = (8, 9)
 
 
+def runs_no_tests(config) -> bool:
+    """``--collect-only``, ``--fixtures``, ``--fixtures-per-test``: a session that shows, not runs."""
+    option = config.option
+    return bool(option.collectonly or getattr(option, "showfixtures", False) or getattr(option, "show_fixtures_per_test", False))
+
+
 def option_names_taken(parser) -> set[str] | None:
     """Every option spelling already registered (by pytest, plugins, conftests), or None when
     this pytest keeps them where the helper cannot see (then no short alias is added: the

@@ -6,9 +6,12 @@ registers on the controller. Everything here validates input first: a bad option
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import difflib
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -18,6 +21,13 @@ from . import options
 from .options import STANDARDS
 
 RUN = pytest.StashKey["SuiteRun"]()
+
+
+def _scratch_dir() -> str:
+    """A directory removed when this process ends."""
+    path = tempfile.mkdtemp(prefix="kvconform-hypothesis-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 ALIASES_LEFT = pytest.StashKey[list]()  # short option spellings a conftest or plugin owns here
 
 
@@ -58,8 +68,10 @@ class SuiteRun:
         controller = not hasattr(config, "workerinput")  # xdist workers send their reports to the controller
         if controller:
             _check_outputs(config, opts)
-        # Hypothesis' scratch files go beside the results, never into the caller's tree or site-packages.
-        set_hypothesis_home_dir(os.path.join(os.path.dirname(os.path.abspath(opts.json_path)), ".hypothesis"))
+        # Hypothesis' scratch files go beside the results, never into the caller's tree or site-packages;
+        # a session that runs nothing (it caches constants as it collects) leaves no trace.
+        set_hypothesis_home_dir(_scratch_dir() if options.runs_no_tests(config) else
+                                os.path.join(os.path.dirname(os.path.abspath(opts.json_path)), ".hypothesis"))
         profiles = {
             # quick: a cheap verdict — few examples, failing examples reported as found (no shrinking);
             # full: thorough, and failures shrink to a minimal example.
