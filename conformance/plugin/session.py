@@ -21,13 +21,6 @@ from . import options
 from .options import STANDARDS
 
 RUN = pytest.StashKey["SuiteRun"]()
-
-
-def _scratch_dir() -> str:
-    """A directory removed when this process ends."""
-    path = tempfile.mkdtemp(prefix="kvconform-hypothesis-")
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    return path
 ALIASES_LEFT = pytest.StashKey[list]()  # short option spellings a conftest or plugin owns here
 
 
@@ -171,6 +164,13 @@ def outputs_and_inputs(opts: options.RunOptions, junit_path: str | None) -> tupl
     return ({"--kvc-json": opts.json_path, "--kvc-html": html, "--junitxml": junit_path, "--kvc-update-expectations": opts.update_expectations,
              "--kvc-export-digests": opts.export_digests, "--kvc-certify": opts.certify},
             {"--kvc-expectations": opts.expectations, "--kvc-compare-digests": opts.compare_digests})
+
+
+def _scratch_dir() -> str:
+    """A directory removed when this process ends."""
+    path = tempfile.mkdtemp(prefix="kvconform-hypothesis-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def _check_outputs(config, opts: options.RunOptions) -> None:
