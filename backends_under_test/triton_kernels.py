@@ -15,6 +15,11 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_interpreter import interpreted
+
+# Tokens per program of a strided write under TRITON_INTERPRET (a [TOKENS, H·D] tile per program).
+INTERPRETER_TOKENS = 64
+
 # K/V address forms inside a block (SPEC LAYOUT-E1, LAYOUT-LEGACY, LAYOUT-SHUFFLE).
 STRIDED, X_TILES, LEGACY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
@@ -274,8 +279,11 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, k_scale,
     quant = key_cache.dtype in FP8
     # Measured on an H200 (docs/PERFORMANCE.md): strided rows like one token per program; tiles
     # like x consecutive tokens per program, so a run of prefill slots fills whole x-vectors.
+    # Triton's CPU interpreter runs each program as Python, ~25 ms apiece: there strided rows
+    # take every token in one program (the same masked tile code, a larger TOKENS).
     tiled = form != STRIDED
-    tokens_per_program = tokens_per_program or (x if tiled else 1)
+    if not tokens_per_program:
+        tokens_per_program = x if tiled else (min(triton.next_power_of_2(T), INTERPRETER_TOKENS) if interpreted() else 1)
     num_warps = num_warps or (8 if tiled else 4)
     if not quant:
         key, value, key_cache, value_cache = (_int_view(t) for t in (key, value, key_cache, value_cache))

@@ -14,11 +14,10 @@ import sys
 import pytest
 
 from .suite_runs import ROOT, run_suite
-from .vllm_cpu.runs import UNIFIED_SHUFFLE
+from .vllm_cpu.runs import GFX942, ROCM_GFX942, UNIFIED_SHUFFLE
 
 VLLM_PYTHON = os.environ.get("KVCONFORM_VLLM_PYTHON")
 PLUGIN = ["-p", "tests.vllm_cpu.plugin"]
-ROCM_GFX942 = ["ROCM_AITER_FA", "ROCM_AITER_FA+shuffle", "ROCM_AITER_UNIFIED_ATTN", "ROCM_ATTN", "TRITON_ATTN", "FLASH_ATTN", "FLASHINFER"]
 FAILING = ("failed", "error", "crashed", "timeout")
 
 needs_vllm = pytest.mark.skipif(
@@ -56,14 +55,13 @@ def problems(run, backend):
 
 
 @pytest.fixture(scope="module")
-def gfx942(tmp_path_factory):
-    """Every in-scope backend on a simulated MI300X (gfx942); no --standard: the E3 they declare."""
-    backends = ",".join(f"vllm:{b}" for b in ROCM_GFX942)
-    return suite(VLLM_PYTHON, tmp_path_factory.mktemp("gfx942"), *PLUGIN, "--backend", backends, "-n", "2")
+def gfx942(vllm_runs):
+    """Every in-scope backend on a simulated MI300X (gfx942), the E3 they declare (tests/vllm_cpu/runs.py)."""
+    return forked(vllm_runs, GFX942)
 
 
 @needs_vllm
-@pytest.mark.parametrize("backend", ["ROCM_AITER_FA", "ROCM_AITER_FA+shuffle", "ROCM_AITER_UNIFIED_ATTN", "ROCM_ATTN", "TRITON_ATTN", "FLASH_ATTN", "FLASHINFER"])
+@pytest.mark.parametrize("backend", ROCM_GFX942)
 def test_conforming_vllm_code_raises_no_false_alarm(gfx942, backend):
     assert records(gfx942, f"vllm:{backend}"), f"no checks ran for vllm:{backend}"
     assert problems(gfx942, f"vllm:{backend}") == []

@@ -1,11 +1,12 @@
-"""The single-process suite runs against the real vLLM on the CPU, forked from one set-up.
+"""The suite runs against the real vLLM on the CPU, forked from one set-up.
 
 test_vllm_regressions.py needs one run per regression (each its own pytest session: vLLM is
-edited as it is imported), test_vllm_adapter.py a few runs of one backend each. Started one by
-one, every run imported torch and vLLM's dependencies again (about half of its CPU time); here
+edited as it is imported), test_vllm_adapter.py the gfx942 run of every in-scope backend and a
+few runs of one backend each. Started one by one, every run imported torch and vLLM's
+dependencies again (about half of its CPU time; the gfx942 run, under xdist, three times); here
 they are all forked from one process that imported those once (tests/forked_runs.py), two at a
-time on a 2-core machine. Each run is still the command line it was: its arguments, its
-environment, a fresh vLLM, kvconform and tests package.
+time on a 2-core machine, the longest first. Each run is still the command line it was: its
+arguments, its environment, a fresh vLLM, kvconform and tests package.
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ PLUGIN = ("-p", "tests.vllm_cpu.plugin")
 FRESH = ["vllm", "kvconform", "tests", "amdsmi", "aiter"]  # imported anew by every run
 UNIFIED_SHUFFLE = "vllm:ROCM_AITER_UNIFIED_ATTN+shuffle"
 GFX1250 = {"KVCONFORM_STANDIN_GFX": "gfx1250"}
+ROCM_GFX942 = ["ROCM_AITER_FA", "ROCM_AITER_FA+shuffle", "ROCM_AITER_UNIFIED_ATTN", "ROCM_ATTN", "TRITON_ATTN", "FLASH_ATTN", "FLASHINFER"]
+GFX942 = "gfx942"
+# Started first, so that the two job slots end together (measured on the 2-core machine, 2026-12-01:
+# the gfx942 run ~90 s, the regression that copies whole K/V planes of a 2^31-element cache ~70 s,
+# every other run 2-15 s).
+LONGEST = (GFX942, "regression:rocm_swap_indexes_dim1")
 
 
 def regression(name: str) -> str:
@@ -26,8 +33,9 @@ def regression(name: str) -> str:
 
 
 def plan() -> dict[str, tuple[tuple[str, ...], dict]]:
-    """name -> (pytest arguments, environment) of every run."""
-    runs = {regression(name): ((*PLUGIN, "-q", "--tb=line", "--backend", r.backend, "-k", r.select), {ENV: name})
+    """name -> (pytest arguments, environment) of every run, the longest first."""
+    runs = {GFX942: ((*PLUGIN, "-q", "--backend", ",".join(f"vllm:{b}" for b in ROCM_GFX942)), {})}  # no --standard: the E3 they declare
+    runs |= {regression(name): ((*PLUGIN, "-q", "--tb=line", "--backend", r.backend, "-k", r.select), {ENV: name})
             for name, r in REGRESSIONS.items()}
     unified = (*PLUGIN, "-q", "--backend", UNIFIED_SHUFFLE, "--standard", "e3")
     runs.update({
@@ -36,7 +44,7 @@ def plan() -> dict[str, tuple[tuple[str, ...], dict]]:
         **{f"e1-era:{name}": ((*PLUGIN, "-q", "--backend", f"tests.vllm_cpu.e1_era:{name}"), {})
            for name in ("blocks_first_hnd", "kv_first_rocm_attn", "neither_api")},
     })
-    return runs
+    return {name: runs[name] for name in sorted(runs, key=lambda name: name not in LONGEST)}
 
 
 def probe(runs: dict) -> list[str]:
