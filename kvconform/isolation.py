@@ -173,7 +173,7 @@ def run(backends: list[str], pytest_args: list[str], out_dir: str, timeout: floa
     from kvconform.reports import results
     from kvconform.reports.cli import merged_document
     from kvconform.reports.html import render_runs
-    from kvconform.reports.results import write_atomically
+    from kvconform.reports.results import document_text, write_atomically
     from kvconform.reports.terminal import render
 
     given = [arg.partition("=")[0] for arg in pytest_args if arg.partition("=")[0] in PER_BACKEND]
@@ -195,7 +195,7 @@ def run(backends: list[str], pytest_args: list[str], out_dir: str, timeout: floa
     json_path, html_path = os.path.join(out_dir, "results.json"), os.path.join(out_dir, "results.html")
     merged = merged_document(documents)
     set_aside(json_path, html_path)
-    write_atomically(json_path, json.dumps(merged, indent=1, default=str))
+    write_atomically(json_path, document_text(merged))
     write_atomically(html_path, render_runs(documents))
     kept = settle_previous(json_path, html_path, complete=results.is_complete(merged))  # a partial run never replaces a complete one
     print(render(documents, color=sys.stdout.isatty()))

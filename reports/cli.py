@@ -74,7 +74,7 @@ def run(args) -> int:
         return 0
     write_atomically(args.output, render_runs(documents))
     if args.action == "merge" and args.json:
-        write_atomically(args.json, json.dumps(merged_document(documents), indent=1))
+        write_atomically(args.json, results.document_text(merged_document(documents)))
     print(f"kvconform: wrote {args.output}")
     return 0
 

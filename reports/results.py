@@ -72,7 +72,9 @@ class TestRecord:
     result_digest: str | None = None  # what a rerun elsewhere must reproduce (result_digest())
 
     def as_json(self) -> dict:
-        return dataclasses.asdict(self)
+        # The fields hold JSON values already; dataclasses.asdict's deep copy took 2 s at the end
+        # of a 4000-test run.
+        return {name: getattr(self, name) for name in FIELDS}
 
 
 def result_digest(fields: dict, compared_sha256: str | None) -> str:
@@ -231,6 +233,19 @@ def read_json(path: str, what: str, error: type[Exception]) -> dict:
         return json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
         raise error(f"{path}: not a readable {what} ({'nested too deeply' if isinstance(exc, RecursionError) else exc})") from exc
+
+
+def document_text(document: dict) -> str:
+    """A results document as JSON text: the rest indented, then ``tests`` last, one test per line.
+
+    One line per test is what grep and diff want, and each line goes through json's C encoder
+    (an indented dump runs the pure-Python one: 1.2 s instead of 0.2 s for 20 MB of results)."""
+    head = json.dumps({key: value for key, value in document.items() if key != "tests"}, indent=1, default=str)
+    if "tests" not in document:
+        return head
+    tests = ",\n  ".join(json.dumps(test, default=str) for test in document["tests"])
+    opening = head[:-2] + ",\n" if head != "{}" else "{\n"  # an indented dump ends with "\n}"
+    return opening + (f' "tests": [\n  {tests}\n ]\n}}' if tests else ' "tests": []\n}')
 
 
 def write_atomically(path: str, text: str) -> None:

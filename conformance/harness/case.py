@@ -60,6 +60,8 @@ class Case:
     huge: bool = False  # --kvc-huge: probe caches past 2^31 elements fully allocated (random-filled on a GPU)
     block_size: int | None = None  # a fixed check run at one of several block sizes (examples.py)
     unavailable: UnavailableSpecs = dataclasses.field(default_factory=UnavailableSpecs)  # specs this machine cannot run (examples.py)
+    # strategies.geometry_choices per kv_cache_dtypes: asked once per example drawn; not copied by replace()
+    geometry_memo: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __repr__(self) -> str:  # stable across runs: reports must not differ by object addresses
         return f"Case(backend={self.backend.name!r}, layout={str(self.layout)!r}, device={self.device!r}, seed={self.seed})"

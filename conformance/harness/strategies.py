@@ -30,6 +30,13 @@ class WriteCase:
 
 def geometry_choices(case: Case, kv_cache_dtypes=None):
     """Every (model dtype, kv_cache_dtype, N, D, H) the backend declares and its layout holds."""
+    key = tuple(kv_cache_dtypes) if kv_cache_dtypes else None
+    if key not in case.geometry_memo:
+        case.geometry_memo[key] = _geometry_choices(case, kv_cache_dtypes)
+    return case.geometry_memo[key]
+
+
+def _geometry_choices(case: Case, kv_cache_dtypes) -> list:
     caps = case.backend.capabilities
     choices = []
     for model_dtype in caps.dtypes:

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from kvconform.reports import expectations
-from kvconform.reports.results import NOT_APPLICABLE, SCHEMA, UNEXPECTED_PASS, TestRecord, package_version, result_digest, write_atomically
+from kvconform.reports.results import NOT_APPLICABLE, SCHEMA, UNEXPECTED_PASS, TestRecord, document_text, package_version, result_digest, write_atomically
 
 from . import collection, verdict, watchdog
 from .options import runs_no_tests
@@ -370,7 +370,7 @@ class ResultRecorder:
         document = self.document(tests)
         from kvconform.reports.html import render_runs
 
-        write_atomically(options.json_path, json.dumps(document, indent=1, default=str))
+        write_atomically(options.json_path, document_text(document))
         write_atomically(self.html_path, render_runs([document]))
         self.written = document
         kept = settle_previous(options.json_path, self.html_path, complete=bool(self.completion and self.completion["complete"]))

