@@ -12,7 +12,6 @@ backend on the same platform, or one file given twice): their counts would silen
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from . import results

@@ -26,10 +26,8 @@ needs_vllm = pytest.mark.skipif(
 )
 
 
-def suite(python, tmp_path, *args, env=None):
-    if not python:
-        pytest.fail("KVCONFORM_REQUIRE_VLLM=1 but KVCONFORM_VLLM_PYTHON is not set")
-    run = run_suite(tmp_path, "-q", *args, python=python, env=env, timeout=1200)  # ~2.5 min alone; CI machines are shared
+def suite(python, tmp_path, *args):
+    run = run_suite(tmp_path, "-q", *args, python=python)
     if run.document is None:
         pytest.fail(f"no results from {' '.join(run.proc.args)}:\n{run.output}")
     return {**run.document, "exit_status": run.returncode}

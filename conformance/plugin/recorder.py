@@ -16,7 +16,6 @@ test at all (``--collect-only``, ``--fixtures``) writes nothing.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shlex
