@@ -27,11 +27,12 @@ import pytest
 
 from kvconform.reference.errors import InputError
 
-from . import collection, options, scheduling
+from . import collection, forked_workers, options, scheduling
 from .session import ALIASES_LEFT, RUN, SuiteRun
 
 ENTRY_POINT = "kvconform"
 STATE = pytest.StashKey[dict]()  # per item: the verdict so far
+ZYGOTE = pytest.StashKey[forked_workers.Zygote]()
 
 
 def markers() -> tuple[str, ...]:
@@ -55,6 +56,9 @@ def pytest_addoption(parser, pluginmanager):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_load_initial_conftests(early_config, parser, args):
+    # Before conftests load and this process imports torch: the zygote imports it meanwhile.
+    if forked_workers.wanted(early_config) and _targets_suite(early_config):
+        early_config.stash[ZYGOTE] = forked_workers.Zygote()
     result = yield
     # Conftests have registered their options: take the short spellings that are still free.
     early_config.stash[ALIASES_LEFT] = options.add_aliases(parser)
@@ -65,7 +69,10 @@ def pytest_load_initial_conftests(early_config, parser, args):
 def pytest_configure(config):
     for line in markers():
         config.addinivalue_line("markers", line)
+    zygote = config.stash.get(ZYGOTE, None)
     if not collection.suite_requested(config):
+        if zygote:
+            zygote.stop()
         given = options.given(config)
         if given:
             raise pytest.UsageError(f"{', '.join(given)} given, but this run does not collect the kvconform suite; "
@@ -77,11 +84,32 @@ def pytest_configure(config):
         raise pytest.UsageError(str(exc)) from exc
     if getattr(config.option, "numprocesses", None) or hasattr(config, "workerinput"):  # xdist: scheduling.py
         config.pluginmanager.register(scheduling.Scheduler(config.stash[RUN]), "kvconform-scheduling")
+    if zygote and not forked_workers.use(config, zygote):  # no worker to fork: the header must not say so
+        zygote.stop()
+        del config.stash[ZYGOTE]
+
+
+def pytest_unconfigure(config):
+    zygote = config.stash.get(ZYGOTE, None)
+    if zygote:
+        zygote.stop()
+
+
+def _targets_suite(early_config) -> bool:
+    """collection.suite_requested, before pytest has settled the run's arguments."""
+    ns = early_config.known_args_namespace
+    args = ns.file_or_dir or early_config.getini("testpaths") or ["."]
+    return any(collection.targets_suite(arg, ns.pyargs, early_config.invocation_params.dir) for arg in args)
 
 
 def pytest_report_header(config):
     run = config.stash.get(RUN, None)
-    return run.header(config) if run else None
+    if not run:
+        return None
+    lines = run.header(config)
+    if ZYGOTE in config.stash:
+        lines.append("kvconform: xdist workers forked from a Python that imported torch once (--kvc-fresh-workers: each a new Python)")
+    return lines
 
 
 # ----------------------------------------------------------------------------- 2. collection

@@ -46,6 +46,8 @@ OPTIONS = (
     ("compare-digests", True, dict(default=None, metavar="FILE", help="compare this run's digests with a file written by --export-digests")),
     ("expectations", True, dict(default=None, metavar="FILE", help="vendor expectations file: known failures do not fail the run (docs/EXPECTATIONS.md)")),
     ("update-expectations", True, dict(default=None, metavar="FILE", help="write the current failures as the next expectations baseline")),
+    ("fresh-workers", False, dict(action="store_true", help="start every xdist worker as a new Python (default on Linux: "
+                                                          "fork each from one that has imported torch, docs/PERFORMANCE.md)")),
     ("certify", False, dict(default=None, metavar="DIR", help="a certified run: every check, profile full, seed 0, no expectations; "
                                                               "writes a submission bundle to DIR when every outcome is passed or not applicable by declaration")),
 )
