@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 
 from kvconform.conformance.plugin.collection import suite_command, suite_test_id
-from kvconform.reference.errors import InputError
+from kvconform.errors import InputError
 
 COMPARED = ("outcome", "result_digest")  # what a rerun must reproduce (result_digest: where the record has one)
 

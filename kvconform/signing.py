@@ -20,7 +20,7 @@ import base64
 import binascii
 import os
 
-from kvconform.reference.errors import InputError
+from kvconform.errors import InputError
 from kvconform.reports.results import read_text, write_atomically
 from kvconform.reports.submission import SIGNATURE, SUMS
 

@@ -28,7 +28,7 @@ import torch
 
 from kvconform.reference import Geometry, Layout, bits_dtype, fp8, offset_map
 from kvconform.reference import connector as conn
-from kvconform.reference.errors import InputError
+from kvconform.errors import InputError
 
 SCHEMA = "kvconform-layout/1"
 SYMBOLS = ("L", "B", "2", "N", "H", "D", "D/x", "x:d", "N/x", "x:n")

@@ -21,7 +21,7 @@ import functools
 import gc
 import re
 
-from kvconform.reference.errors import InputError
+from kvconform.errors import InputError
 
 from .results import EXPECTED_FAILURE, FAILING, NOT_RUN, read_text, write_atomically
 

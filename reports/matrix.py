@@ -10,7 +10,7 @@ import dataclasses
 import hashlib
 from collections import Counter, defaultdict
 
-from kvconform.reference.errors import InputError
+from kvconform.errors import InputError
 
 from .results import FAILING, NOT_APPLICABLE, NOT_RUN, OUTCOMES, SCHEMA, SEVERITY
 

@@ -19,7 +19,7 @@ import types
 import typing
 from collections import Counter
 
-from kvconform.reference.errors import InputError
+from kvconform.errors import InputError
 
 SCHEMA = "kvconform-results/1"
 

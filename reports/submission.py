@@ -31,7 +31,7 @@ import platform
 import sys
 
 from . import coverage as C
-from kvconform.reference.errors import InputError
+from kvconform.errors import InputError
 
 from .results import SCHEMA, package_version, read_text, write_atomically
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from kvconform import compat
 from kvconform import reference as R
-from kvconform.reference.errors import InputError
+from kvconform.errors import InputError
 
 from . import fork_server
 from .suite_runs import ROOT

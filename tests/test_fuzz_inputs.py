@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvconform.conformance.harness import digests
-from kvconform.reference.errors import InputError
+from kvconform.errors import InputError
 from kvconform.reports import cli, expectations, junit, results
 from kvconform.reports.html import render_runs
 from kvconform.reports.terminal import render

@@ -23,7 +23,7 @@ import torch
 
 from kvconform.conformance.harness import digests, equivalence
 from kvconform.conformance.plugin.collection import suite_command
-from kvconform.reference.errors import InputError
+from kvconform.errors import InputError
 from kvconform.reports import cli, expectations, junit, matrix
 from kvconform.reports import svg as svg_builder
 from kvconform.reports.equivalence import compare_entries

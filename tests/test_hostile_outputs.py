@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from kvconform.conformance.plugin.outputs import OutputError, ResultsLock, check_outputs, settle_previous
-from kvconform.reference.errors import InputError
+from kvconform.errors import InputError
 from kvconform.reports import expectations
 from kvconform.reports.results import read_json, write_atomically
 

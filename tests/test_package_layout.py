@@ -5,8 +5,10 @@ handshake check a connector imports) ← ``backends_under_test`` ← the suite: 
 (what checks are written with) ← the checks (``conformance/test_*.py``) and ``conformance.plugin``
 (the pytest plugin), which do not import each other; ``reports`` is a plain library from results
 JSON to matrix / HTML, importing only ``reference``; the ``kvconform`` package (the command, the
-public ``kvconform.compat``, the stand-alone tools) sits on top. Every module of every subpackage
-and every import of ours is counted, also the ones inside functions.
+public ``kvconform.compat``, the stand-alone tools) sits on top. Below them all, ``kvconform.errors``:
+the one error type of bad input, which every floor raises and which imports nothing of ours (so the
+pytest plugin loads it without torch). Every module of every subpackage and every import of ours
+is counted, also the ones inside functions.
 """
 
 from __future__ import annotations
@@ -21,15 +23,17 @@ from .suite_runs import ROOT
 
 PACKAGES = ("reference", "backends_under_test", "conformance", "reports")
 SUITE = {"reference", "backends_under_test", "reports"}
+ERRORS = "kvconform.errors"
 MAY_IMPORT = {
-    "reference": {"reference"},
-    "backends_under_test": {"reference", "backends_under_test"},
-    "reports": {"reports", "reference"},
-    "harness": {"harness", *SUITE},
-    "checks": {"harness", *SUITE},
-    "plugin": {"plugin", "harness", *SUITE},
+    "errors": set(),
+    "reference": {"reference", "errors"},
+    "backends_under_test": {"reference", "backends_under_test", "errors"},
+    "reports": {"reports", "reference", "errors"},
+    "harness": {"harness", "errors", *SUITE},
+    "checks": {"harness", "errors", *SUITE},
+    "plugin": {"plugin", "harness", "errors", *SUITE},
     "conformance": set(),  # the package's __init__: its docstring is the table of roles
-    "": {"", "checks", "harness", "plugin", "conformance", *PACKAGES},  # kvconform/ itself: the command, the public compat, the tools
+    "": {"", "checks", "harness", "plugin", "conformance", "errors", *PACKAGES},  # kvconform/ itself: the command, the public compat, the tools
 }
 BARE = set(PACKAGES)  # top-level names that exist only in a checkout
 
@@ -68,6 +72,8 @@ def graph():
 
 
 def floor(module: str) -> str:
+    if module == ERRORS:
+        return "errors"
     parts = module.split(".")
     if len(parts) < 2 or parts[1] not in PACKAGES:
         return ""

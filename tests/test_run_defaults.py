@@ -9,7 +9,7 @@ import pytest
 from kvconform.backends_under_test.registry import Loaded
 from kvconform.backends_under_test.reference_backend import ReferenceBackend, e3_model, kv_first_model
 from kvconform.conformance.plugin.session import default_standard, default_timeout
-from kvconform.reference.errors import InputError
+from kvconform.errors import InputError
 
 from .suite_runs import run_suite
 

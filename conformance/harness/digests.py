@@ -14,7 +14,7 @@ import hashlib
 import json
 import re
 
-from kvconform.reference.errors import InputError
+from kvconform.errors import InputError
 from kvconform.reports.results import package_version, read_json, write_atomically
 
 from kvconform import reference as R

@@ -82,15 +82,17 @@ class Zygote:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.terminate()  # its forked workers are not its process group: they end on their own
+            self.proc.terminate()  # the zygote alone: by unconfigure xdist has ended every worker
             self.proc.wait()
 
 
 def wanted(early_config) -> bool:
-    """Does this pytest start xdist workers that could be forked: the controller of an ``-n``
-    run on Linux, not ``--kvc-fresh-workers``, not a run that only collects."""
+    """Can this ``-n`` pytest fork its xdist workers: the controller (not a worker) on Linux, not
+    ``--kvc-fresh-workers``, not a run that only collects, not measured by coverage.py's
+    subprocess hook (it starts as each Python starts: a forked worker would miss it)."""
     ns = early_config.known_args_namespace
-    return (sys.platform == "linux" and bool(getattr(ns, "numprocesses", None)) and "PYTEST_XDIST_WORKER" not in os.environ
+    return (sys.platform == "linux" and "PYTEST_XDIST_WORKER" not in os.environ
+            and "COVERAGE_PROCESS_START" not in os.environ
             and not getattr(ns, "kvc_fresh_workers", False) and not getattr(ns, "collectonly", False))
 
 

@@ -25,7 +25,7 @@ import sys
 
 import pytest
 
-from kvconform.reference.errors import InputError
+from kvconform.errors import InputError
 
 from . import collection, forked_workers, options, scheduling
 from .session import ALIASES_LEFT, RUN, SuiteRun
@@ -57,7 +57,7 @@ def pytest_addoption(parser, pluginmanager):
 @pytest.hookimpl(wrapper=True)
 def pytest_load_initial_conftests(early_config, parser, args):
     # Before conftests load and this process imports torch: the zygote imports it meanwhile.
-    if forked_workers.wanted(early_config) and _targets_suite(early_config):
+    if getattr(early_config.known_args_namespace, "numprocesses", None) and forked_workers.wanted(early_config) and _targets_suite(early_config):
         early_config.stash[ZYGOTE] = forked_workers.Zygote()
     result = yield
     # Conftests have registered their options: take the short spellings that are still free.

@@ -14,7 +14,7 @@ import math
 import re
 import warnings
 
-from kvconform.reference.errors import InputError
+from kvconform.errors import InputError
 
 
 PROFILES = ("quick", "full")

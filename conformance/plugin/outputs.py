@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-from kvconform.reference.errors import InputError
+from kvconform.errors import InputError
 from kvconform.reports import results
 from kvconform.reports.results import read_json
 

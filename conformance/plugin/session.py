@@ -16,7 +16,7 @@ import tempfile
 
 import pytest
 
-from kvconform.reference.errors import InputError
+from kvconform.errors import InputError
 
 from . import options
 from .options import STANDARDS
