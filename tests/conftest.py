@@ -1,10 +1,13 @@
-"""Hypothesis budgets for kvconform's own tests (``KVCONFORM_TEST_PROFILE=quick|full``), and the
-suite runs against the real vLLM that several test modules read."""
+"""Hypothesis budgets for kvconform's own tests (``KVCONFORM_TEST_PROFILE=quick|full``), the
+suite runs against the real vLLM that several test modules read, and the subprocesses started
+as collection ends (tests/background.py)."""
 
 import os
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from . import background
 
 settings.register_profile("quick", max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 settings.register_profile("full", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -21,3 +24,11 @@ def vllm_runs(tmp_path_factory):
     if not python:
         pytest.fail("KVCONFORM_REQUIRE_VLLM=1 but KVCONFORM_VLLM_PYTHON is not set")
     return run_all(python, tmp_path_factory.mktemp("vllm-runs"))
+
+
+def pytest_collection_finish(session):
+    background.start_for(session.items)
+
+
+def pytest_sessionfinish(session):
+    background.stop_all()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ from kvconform import compat
 from kvconform import reference as R
 from kvconform.reference import connector as C
 
+from . import background
 from .suite_runs import ROOT
 
 VLLM_PYTHON = os.environ.get("KVCONFORM_VLLM_PYTHON")
@@ -34,12 +34,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+if VLLM_PYTHON:  # vLLM's import waits on the disk: started as collection ends (tests/background.py)
+    background.register("vllm-tp-pairing", [VLLM_PYTHON, "-m", "tests.vllm_cpu.tp_pairing"], cwd=ROOT,
+                        env={"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}, readers=(os.path.basename(__file__),))
+
+
 @pytest.fixture(scope="module")
 def vllm_rows():
     if not VLLM_PYTHON:
         pytest.fail("KVCONFORM_REQUIRE_VLLM=1 but KVCONFORM_VLLM_PYTHON is not set")
-    run = subprocess.run([VLLM_PYTHON, "-m", "tests.vllm_cpu.tp_pairing"], capture_output=True, text=True, cwd=ROOT, timeout=900,
-                         env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""})
+    run = background.result("vllm-tp-pairing", timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     document = json.loads(run.stdout)
     assert document["vllm"] == "0.33.0", document["vllm"]

@@ -108,7 +108,7 @@ def pytest_report_header(config):
         return None
     lines = run.header(config)
     if ZYGOTE in config.stash:
-        lines.append("kvconform: xdist workers forked from a Python that imported torch once (--kvc-fresh-workers: each a new Python)")
+        lines.append("kvconform: workers forked from a Python that loaded torch (--kvc-fresh-workers)")
     return lines
 
 
