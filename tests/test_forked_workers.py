@@ -110,3 +110,35 @@ def test_an_xdist_suite_run_forks_its_workers_and_reaches_the_verdict_of_new_pyt
         assert ("workers forked from" in result.proc.stdout) == (name == "forked"), result.output
         outcomes[name] = sorted((r["nodeid"], r["outcome"]) for r in result.records)
     assert outcomes["forked"] == outcomes["fresh"] and {"failed", "passed"} <= {o for _, o in outcomes["forked"]}
+
+
+def test_a_killed_controller_leaves_no_zygote_or_worker_behind(tmp_path):
+    """Vendor CI kills a job that runs too long: nothing of the run may keep holding a GPU."""
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "kvconform.conformance", "-n", "2", "-p", "no:cacheprovider", "-q",
+           "--kvc-json", str(tmp_path / "results.json")]
+    controller = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while len(_session(controller.pid)) < 6 and time.monotonic() < deadline:  # controller, zygote, 2 launchers, 2 workers
+        time.sleep(0.1)
+    assert len(_session(controller.pid)) >= 6, _session(controller.pid)
+    controller.kill()
+    controller.wait()
+    while _session(controller.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _session(controller.pid) == []
+
+
+def _session(sid: int) -> list[str]:
+    """The live processes of session ``sid``, by command line."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _state(int(entry)) != "Z":
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{entry}/cmdline") as f:
+                    if int(fields[3]) == sid:
+                        found.append(f.read().replace("\0", " ")[:120])
+            except (OSError, ValueError, IndexError):
+                pass
+    return found
