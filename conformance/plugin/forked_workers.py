@@ -39,7 +39,7 @@ import types
 WARM = ("torch", "numpy")
 # Read by the interpreter or by a library of WARM while it is imported: a worker whose value
 # differs from the zygote's is started as a new Python.
-IMPORT_TIME_ENV = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "MKL_", "OPENBLAS", "CUDA", "LD_", "KMP_", "GOMP_")
+IMPORT_TIME_ENV = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "MKL_", "OPENBLAS", "CUDA", "HIP_", "ROCR_", "HSA_", "LD_", "KMP_", "GOMP_")
 # Python's own variables that the child applies itself (sys.path, bytecode, buffering).
 APPLIED_PYTHON_ENV = {"PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED"}
 FLAGS = {"-u", "-B"}  # what execnet's popen gateway passes before ``-c``
