@@ -132,13 +132,12 @@ def _session(sid: int) -> list[str]:
     """The live processes of session ``sid``, by command line."""
     found = []
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and _state(int(entry)) != "Z":
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, _, _, session = f.read().rsplit(")", 1)[1].split()[:4]
+            if state != "Z" and int(session) == sid:
                 with open(f"/proc/{entry}/cmdline") as f:
-                    if int(fields[3]) == sid:
-                        found.append(f.read().replace("\0", " ")[:120])
-            except (OSError, ValueError, IndexError):
-                pass
+                    found.append(f.read().replace("\0", " ")[:120])
+        except (OSError, ValueError):  # not a process, or one that has just ended
+            pass
     return found

@@ -143,7 +143,7 @@ def serve(address: str) -> None:
                 children[pid] = conn
                 selector.register(conn, selectors.EVENT_READ, pid)
             else:  # the launcher ended before its child: as when xdist kills a worker, the child goes too
-                _kill(key.data)
+                _signal(key.data, signal.SIGKILL)
         while children:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
@@ -156,13 +156,6 @@ def serve(address: str) -> None:
                 except OSError:
                     pass
                 conn.close()
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _fork_request(conn: socket.socket, own_env: dict, base_path: list[str], held: list) -> int | None:
