@@ -102,6 +102,18 @@ def _state(pid: int) -> str:
         return "Z"
 
 
+def test_a_silent_zygote_is_given_up_within_the_bound_and_ended(tmp_path, monkeypatch):
+    stuck = tmp_path / "python"
+    stuck.write_text("#!/bin/sh\nexec sleep 600\n")  # a zygote that never prints its line
+    stuck.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(stuck))
+    monkeypatch.setattr(forked_workers, "LISTEN_TIMEOUT_S", 0.5)
+    silent = forked_workers.Zygote()
+    started = time.monotonic()
+    assert silent.listening() is False
+    assert time.monotonic() - started < 10 and silent.proc.poll() is not None
+
+
 def test_an_xdist_suite_run_forks_its_workers_and_reaches_the_verdict_of_new_pythons(tmp_path):
     outcomes = {}
     for name, extra in (("forked", []), ("fresh", ["--kvc-fresh-workers"])):

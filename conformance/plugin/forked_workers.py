@@ -45,6 +45,9 @@ APPLIED_PYTHON_ENV = {"PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED
 FLAGS = {"-u", "-B"}  # what execnet's popen gateway passes before ``-c``
 FRESH = "fresh"  # the zygote's answer when it cannot fork the request
 LISTENING = "listening"  # the zygote's one line on stdout once launchers can reach it
+# The zygote prints that line before it imports anything; a zygote silent this long is stuck, and
+# the workers start as new Pythons instead of waiting on it.
+LISTEN_TIMEOUT_S = 30.0
 
 
 def import_time_env(env: dict) -> dict:
@@ -70,10 +73,16 @@ class Zygote:
 
     def listening(self) -> bool:
         """Has the zygote bound its socket (it does so first, in milliseconds), so that a launcher
-        reaches it? False when it failed to start."""
+        reaches it? False when it failed to start or stayed silent (then it is ended)."""
         if self._listening is None:
-            self._listening = self.proc.stdout.readline() == f"{LISTENING}\n".encode()
+            with selectors.DefaultSelector() as selector:
+                selector.register(self.proc.stdout, selectors.EVENT_READ)
+                spoke = selector.select(LISTEN_TIMEOUT_S)
+            self._listening = bool(spoke) and self.proc.stdout.readline() == f"{LISTENING}\n".encode()
             self.proc.stdout.close()
+            if not self._listening:
+                self.proc.kill()
+                self.proc.wait()
         return self._listening
 
     def python(self) -> str:
