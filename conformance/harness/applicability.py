@@ -23,7 +23,6 @@ tell them apart. An unmet need is never a pass.
 from __future__ import annotations
 
 import dataclasses
-import mmap
 import os
 
 import torch
@@ -172,8 +171,10 @@ def _memory_2_31(ctx, _):  # the probes of big_caches.py: a cache past 2^31 elem
     if ctx.huge:
         return None if free >= 10 << 30 else f"has {free >> 30} GiB of RAM available; --kvc-huge needs >= 10 GiB"
     # Lazily mapped arenas cost only the pages touched; the mapping itself needs address space.
+    from .big_caches import lazy_mapping
+
     try:
-        mmap.mmap(-1, 3 << 31).close()
+        lazy_mapping(3 << 31).close()
     except OSError as exc:
         return f"cannot map 6 GiB of address space for a lazily mapped cache past 2^31 elements ({exc})"
     return None if free >= 1 << 30 else f"has {free >> 20} MiB of RAM available; a lazily mapped cache past 2^31 elements needs >= 1 GiB"
