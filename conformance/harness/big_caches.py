@@ -157,7 +157,7 @@ def nonzero_pages(buffer: torch.Tensor, device: str | None = "cuda") -> torch.Te
 
 
 class PinnedArenas:
-    """The process's one pinned host buffer for probe arenas: an anonymous mapping registered
+    """The process's one pinned host buffer for probe arenas: an anonymous private mapping registered
     with CUDA (``cudaHostRegister``: pinned and mapped for every device, so kernels reach it
     directly), grown when a probe needs more, and zero again each time a probe takes it."""
 
@@ -171,7 +171,7 @@ class PinnedArenas:
         """The first ``nbytes`` of the buffer, all zeros (a page that is not is cleared)."""
         if self.buffer is None or self.buffer.numel() < nbytes:
             self.release()
-            self.mapping = mmap.mmap(-1, nbytes)
+            self.mapping = lazy_mapping(nbytes)
             buffer = torch.frombuffer(self.mapping, dtype=torch.uint8)
             status = int(torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), nbytes, self.PORTABLE_AND_MAPPED))
             if status != 0:
