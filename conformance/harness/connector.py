@@ -16,7 +16,7 @@ import torch
 from kvconform import reference as R
 
 from .assertions import ConformanceFailure, assert_bytes_equal, describe
-from .case import Arena, Case
+from .case import Arena, Case, random_bytes
 
 LAYERS = 3
 
@@ -76,7 +76,7 @@ def model_kv(g: R.Geometry, num_blocks: int, total_heads: int, seed: int) -> tor
     with every edge code of the dtype at the front (so a cast instead of a bit copy shows)."""
     shape = (g.num_layers, num_blocks, 2, g.block_size, total_heads, g.head_size)
     gen = torch.Generator().manual_seed(seed)
-    raw = torch.randint(0, 256, (torch.Size(shape).numel() * g.element_size,), dtype=torch.uint8, generator=gen)
+    raw = random_bytes(torch.Size(shape).numel() * g.element_size, gen)
     flat = raw.view(R.bits_dtype(g.dtype)).clone()
     edges = edge_codes(g.dtype)
     flat[: edges.numel()] = edges[: flat.numel()]

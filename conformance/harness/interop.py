@@ -27,6 +27,7 @@ from kvconform import reference as R
 from kvconform.backends_under_test import registry
 from kvconform.backends_under_test.contract import Backend, CacheSpec, OpUnavailable
 
+from .case import random_bytes
 from .connector import model_kv, region_overlaps
 
 REFERENCE_PEERS = ("reference", "reference_gfx942", "reference_e3", "reference_kv_first")
@@ -130,7 +131,7 @@ def ranks(endpoint: Endpoint, tp: int, block_size: int, kv_cache_dtype: str, see
     for rank in range(tp):
         spec = CacheSpec(layout=endpoint.layout, geometry=g, kv_cache_dtype=kv_cache_dtype, model_dtype=model_dtype)
         gen = torch.Generator().manual_seed(seed + rank)
-        buffer = torch.randint(0, 256, (endpoint.layout.nbytes(g),), dtype=torch.uint8, generator=gen).to(device)
+        buffer = random_bytes(endpoint.layout.nbytes(g), gen).to(device)
         cache = endpoint.backend.allocate(buffer, spec)
         k_scale, v_scale = scales(g)
         descriptor = endpoint.backend.layout_descriptor(cache, spec, tp_rank=rank, tp_size=tp, total_kv_heads=TOTAL_HEADS, k_scale=k_scale, v_scale=v_scale)
