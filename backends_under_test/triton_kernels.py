@@ -206,14 +206,15 @@ def paged_decode_kernel(
     m_i = float("-inf")
     l_i = 0.0
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    # The (head, dim) part of every address is the same in each block of the table.
+    k_inner = _inner_offset(h, d[None, :], k_head_stride, 0, FORM, BLOCK_SIZE, HEAD_SIZE, X)
+    v_inner = _inner_offset(h, d[None, :], v_head_stride, 1, FORM, BLOCK_SIZE, HEAD_SIZE, X)
     for j in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):
         blk = tl.load(table_ptr + s * table_stride_s + j).to(tl.int64)
         pos_ok = (j * BLOCK_SIZE + n) < seq_len
         tile_ok = pos_ok[:, None] & d_ok[None, :]
-        k_off = (_row_offset(blk, n[:, None], k_block_stride, k_slot_stride, 0, FORM, HEAD_SIZE, X)
-                 + _inner_offset(h, d[None, :], k_head_stride, 0, FORM, BLOCK_SIZE, HEAD_SIZE, X))
-        v_off = (_row_offset(blk, n[:, None], v_block_stride, v_slot_stride, 1, FORM, HEAD_SIZE, X)
-                 + _inner_offset(h, d[None, :], v_head_stride, 1, FORM, BLOCK_SIZE, HEAD_SIZE, X))
+        k_off = _row_offset(blk, n[:, None], k_block_stride, k_slot_stride, 0, FORM, HEAD_SIZE, X) + k_inner
+        v_off = _row_offset(blk, n[:, None], v_block_stride, v_slot_stride, 1, FORM, HEAD_SIZE, X) + v_inner
         k = tl.load(k_cache_ptr + k_off, mask=tile_ok, other=0.0).to(tl.float32) * k_scale
         v = tl.load(v_cache_ptr + v_off, mask=tile_ok, other=0.0).to(tl.float32) * v_scale
         qk = tl.where(pos_ok, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
