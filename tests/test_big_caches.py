@@ -41,6 +41,16 @@ def test_touched_pages_are_the_pages_written_and_only_those():
     assert touched_pages(buffer).tolist() == [5, 40]
 
 
+def test_a_lazy_arena_is_a_private_mapping_whose_read_pages_count_as_touched():
+    buffer = lazy_zeros(64 * PAGE)
+    assert int(buffer[9 * PAGE : 11 * PAGE].sum()) == 0  # read, never written
+    start = buffer.data_ptr()
+    with open("/proc/self/maps") as maps:  # "rw-p": private (a shared one is backed by a shmem file)
+        perms = next(line.split()[1] for line in maps if int(line.split("-")[0], 16) <= start < int(line.split()[0].split("-")[1], 16))
+    assert perms == "rw-p"
+    assert touched_pages(buffer).tolist() == [9, 10]
+
+
 def test_a_stray_byte_far_from_every_written_row_is_found():
     spec = spec_of(num_blocks=1 << 14)  # 8 MiB: many pages nobody writes
     actual, expected = lazy_arena(spec), lazy_arena(spec)
