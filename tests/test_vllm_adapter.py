@@ -168,10 +168,13 @@ def test_e1_era_kv_first_cache_breaks_vllms_platform_block_copies(vllm_runs):
     out = swaps["test_swap_out_places_each_block_at_its_host_slot"]
     assert out["raised"] == "IndexError" and "out of bounds for dimension 0" in out["message"]
     planes = swaps["test_swap_of_blocks_0_and_1_moves_blocks_not_planes"]
-    # every element of the (2, B, N, H, D) cache differs, and K holds V's bytes: the planes moved
+    # (nearly) every element of the (2, B, N, H, D) cache differs, and K holds V's bytes: the planes
+    # moved. Nearly: the cache is random-filled, so a K element can equal its V twin by chance (one
+    # in 65536 for 2-byte elements); a swap that moved blocks would differ in none.
     layers, blocks, slots, heads, dims = map(int, re.match(r"L(\d+)-B(\d+)-N(\d+)-H(\d+)-D(\d+)", planes["geometry"]).groups())
     whole = 2 * layers * blocks * slots * heads * dims
-    assert planes["outcome"] == "failed" and f"swap: {whole} elements differ" in planes["message"], planes["message"][:300]
+    differ = re.match(r"swap: (\d+) elements differ", planes["message"])
+    assert planes["outcome"] == "failed" and differ and int(differ[1]) > 0.99 * whole, planes["message"][:300]
     assert "other-element: K[b=0, s=0..15, h=0..2] holds V[b=1, s=0..15]'s bytes" in planes["message"], planes["message"][:600]
     assert outcomes(run, backend, "gating") == {"passed"}
 
