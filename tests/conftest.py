@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from . import background
+from .vllm_cpu import runs as vllm_cpu_runs
 
 settings.register_profile("quick", max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 settings.register_profile("full", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -15,20 +16,21 @@ settings.load_profile(os.environ.get("KVCONFORM_TEST_PROFILE", "quick"))
 
 
 @pytest.fixture(scope="session")
-def vllm_runs(tmp_path_factory):
+def vllm_runs():
     """The single-process suite runs against the real vLLM (tests/vllm_cpu/runs.py), forked from
-    one set-up: name -> results document with its exit status."""
-    from .vllm_cpu.runs import run_all
-
+    one set-up and started as collection ended: name -> results document with its exit status."""
     python = os.environ.get("KVCONFORM_VLLM_PYTHON")
     if not python:
         pytest.fail("KVCONFORM_REQUIRE_VLLM=1 but KVCONFORM_VLLM_PYTHON is not set")
-    return run_all(python, tmp_path_factory.mktemp("vllm-runs"))
+    return vllm_cpu_runs.results(python)
 
 
 def pytest_collection_finish(session):
+    if os.environ.get("KVCONFORM_VLLM_PYTHON"):
+        vllm_cpu_runs.register(os.environ["KVCONFORM_VLLM_PYTHON"])
     background.start_for(session.items)
 
 
 def pytest_sessionfinish(session):
     background.stop_all()
+    vllm_cpu_runs.remove()

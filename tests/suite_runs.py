@@ -51,23 +51,28 @@ def run_suite(out_dir, *args: str, python: str | None = None, cwd=ROOT, env: dic
     return SuiteResult(proc, json.loads(out.read_text()) if out.exists() else None)
 
 
-def run_suites_forked(out_dir, runs: dict[str, tuple[list[str], dict]], *, fresh: list[str], probe: list[str] | None = None,
-                      python: str | None = None, jobs: int | None = None, timeout: float = 3600) -> dict[str, SuiteResult]:
-    """Several suite runs (name -> (ARGS, env)) forked from one process that imported what they
-    share once (tests/forked_runs.py); ``fresh``: package prefixes each run imports anew;
-    ``probe``: the arguments of a collection that imports what they share."""
+def forked_runs_command(out_dir, runs: dict[str, tuple[list[str], dict]], *, fresh: list[str], probe: list[str] | None = None,
+                        python: str | None = None, jobs: int | None = None, timeout: float = 3600) -> list[str]:
+    """The command that makes several suite runs (name -> (ARGS, env)) forked from one process that
+    imported what they share once (tests/forked_runs.py; its plan is written into ``out_dir``):
+    ``fresh``: package prefixes each run imports anew; ``probe``: the arguments of a collection
+    that imports what they share; ``jobs``: runs at a time."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     plan = {"fresh": fresh, "probe": probe, "jobs": jobs or min(2, os.cpu_count() or 1), "timeout": timeout,
             "runs": [{"name": name, "args": list(args), "env": env, "out": str(out_dir / name)} for name, (args, env) in runs.items()]}
     (out_dir / "plan.json").write_text(json.dumps(plan))
-    proc = subprocess.run([python or sys.executable, "-m", "tests.forked_runs", str(out_dir / "plan.json")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout + 60)
+    return [python or sys.executable, "-m", "tests.forked_runs", str(out_dir / "plan.json")]
+
+
+def forked_runs_results(out_dir, runs, log: str) -> dict[str, SuiteResult]:
+    """Each run's results, once that command has ended, as :func:`run_suite` gives them; ``log``:
+    what tests.forked_runs printed."""
     results = {}
     for name in runs:
-        run = out_dir / name
+        run = Path(out_dir) / name
         code = int((run / "exit_status").read_text()) if (run / "exit_status").exists() else -1
         output = (run / "output.txt").read_text() if (run / "output.txt").exists() else ""
-        done = subprocess.CompletedProcess(["tests.forked_runs", name], code, output, proc.stdout + proc.stderr)
+        done = subprocess.CompletedProcess(["tests.forked_runs", name], code, output, log)
         results[name] = SuiteResult(done, json.loads((run / "results.json").read_text()) if (run / "results.json").exists() else None)
     return results

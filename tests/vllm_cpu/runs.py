@@ -7,13 +7,20 @@ dependencies again (about half of its CPU time; the gfx942 run, under xdist, thr
 they are all forked from one process that imported those once (tests/forked_runs.py), two at a
 time on a 2-core machine, the longest first. Each run is still the command line it was: its
 arguments, its environment, a fresh vLLM, kvconform and tests package.
+
+They start as collection ends (tests/background.py) and run one at a time beside the serial tests,
+which leave part of the two cores idle (waits on pip, the disk, Chromium); the fixture that reads
+them waits for what is left.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
-from ..suite_runs import ROOT, run_suites_forked
+from .. import background
+from ..suite_runs import ROOT, forked_runs_command, forked_runs_results
 from .regressions import ENV, REGRESSIONS
 
 PLUGIN = ("-p", "tests.vllm_cpu.plugin")
@@ -28,14 +35,17 @@ def regression(name: str) -> str:
     return f"regression:{name}"
 
 
-# Started first, so that the two job slots end together (measured on the 2-core machine, 2026-12-01:
-# the gfx942 run ~90 s, the regression that copies whole K/V planes of a 2^31-element cache ~70 s,
-# every other run 2-15 s).
-LONGEST = (GFX942, regression("rocm_swap_indexes_dim1"))
+# First, while the serial tests are in their first modules: the regression that copies whole K/V
+# planes of a 2^31-element cache (its process peaks at ~13 GB on the 24 GiB CI machine), then the
+# gfx942 run (the longest); every other run takes 2-15 s.
+LONGEST = (regression("rocm_swap_indexes_dim1"), GFX942)
+JOB = "vllm-runs"
+READERS = ("test_vllm_adapter.py", "test_vllm_regressions.py")
+_out: list[str] = []  # the runs' scratch directory, once registered
 
 
 def plan() -> dict[str, tuple[tuple[str, ...], dict]]:
-    """name -> (pytest arguments, environment) of every run, the longest first."""
+    """name -> (pytest arguments, environment) of every run, in the order they start."""
     runs = {GFX942: ((*PLUGIN, "-q", "--backend", ",".join(f"vllm:{b}" for b in ROCM_GFX942)), {})}  # no --standard: the E3 they declare
     runs |= {regression(name): ((*PLUGIN, "-q", "--tb=line", "--backend", r.backend, "-k", r.select), {ENV: name})
             for name, r in REGRESSIONS.items()}
@@ -46,7 +56,7 @@ def plan() -> dict[str, tuple[tuple[str, ...], dict]]:
         **{f"e1-era:{name}": ((*PLUGIN, "-q", "--backend", f"tests.vllm_cpu.e1_era:{name}"), {})
            for name in ("blocks_first_hnd", "kv_first_rocm_attn", "neither_api")},
     })
-    return {name: runs[name] for name in sorted(runs, key=lambda name: name not in LONGEST)}
+    return {name: runs[name] for name in sorted(runs, key=lambda name: LONGEST.index(name) if name in LONGEST else len(LONGEST))}
 
 
 def probe(runs: dict) -> list[str]:
@@ -55,9 +65,24 @@ def probe(runs: dict) -> list[str]:
     return [*PLUGIN, "--standard", "e3", "--backend", ",".join(backends)]
 
 
-def run_all(python: str, out_dir) -> dict[str, dict]:
+def register(python: str) -> None:
+    """The runs as a background job of one job slot (started as collection ends if a reader was collected)."""
+    if not _out:
+        _out.append(tempfile.mkdtemp(prefix="kvconform-vllm-runs-"))
+        runs = plan()
+        background.register(JOB, forked_runs_command(_out[0], runs, fresh=FRESH, probe=probe(runs), python=python, jobs=1, timeout=3600),
+                            cwd=ROOT, env={"OMP_NUM_THREADS": "1"}, readers=READERS)  # one core: the serial tests have the other
+
+
+def results(python: str) -> dict[str, dict]:
     """Every run's results document with its ``exit_status`` (None: it wrote no results)."""
-    runs = plan()
-    done = run_suites_forked(out_dir, runs, fresh=FRESH, probe=probe(runs), python=python, timeout=3600)
+    register(python)
+    log = background.result(JOB, timeout=3660)
+    done = forked_runs_results(_out[0], plan(), log.stdout + log.stderr)
     return {name: {**run.document, "exit_status": run.returncode, "output": run.output} if run.document is not None else None
             for name, run in done.items()}
+
+
+def remove() -> None:
+    if _out:
+        shutil.rmtree(_out.pop(), ignore_errors=True)
