@@ -4,13 +4,13 @@ test_vllm_regressions.py needs one run per regression (each its own pytest sessi
 edited as it is imported), test_vllm_adapter.py the gfx942 run of every in-scope backend and a
 few runs of one backend each. Started one by one, every run imported torch and vLLM's
 dependencies again (about half of its CPU time; the gfx942 run, under xdist, three times); here
-they are all forked from one process that imported those once (tests/forked_runs.py), two at a
-time on a 2-core machine, the longest first. Each run is still the command line it was: its
-arguments, its environment, a fresh vLLM, kvconform and tests package.
+they are all forked from one process that imported those once (tests/forked_runs.py). Each run
+is still the command line it was: its arguments, its environment, a fresh vLLM, kvconform and
+tests package.
 
-They start as collection ends (tests/background.py) and run one at a time beside the serial tests,
-which leave part of the two cores idle (waits on pip, the disk, Chromium); the fixture that reads
-them waits for what is left.
+They start as collection ends (tests/background.py) and run one at a time, on one core, beside the
+serial tests, which leave part of the two cores idle (waits on pip, the disk, Chromium); the
+fixture that reads them waits for what is left.
 """
 
 from __future__ import annotations
