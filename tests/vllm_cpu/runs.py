@@ -38,7 +38,7 @@ def regression(name: str) -> str:
 # First, while the serial tests are in their first modules: the regression that copies whole K/V
 # planes of a 2^31-element cache (its process peaks at ~13 GB on the 24 GiB CI machine), then the
 # gfx942 run (the longest); every other run takes 2-15 s.
-LONGEST = (regression("rocm_swap_indexes_dim1"), GFX942)
+FIRST = (regression("rocm_swap_indexes_dim1"), GFX942)
 JOB = "vllm-runs"
 READERS = ("test_vllm_adapter.py", "test_vllm_regressions.py")
 _out: list[str] = []  # the runs' scratch directory, once registered
@@ -56,7 +56,7 @@ def plan() -> dict[str, tuple[tuple[str, ...], dict]]:
         **{f"e1-era:{name}": ((*PLUGIN, "-q", "--backend", f"tests.vllm_cpu.e1_era:{name}"), {})
            for name in ("blocks_first_hnd", "kv_first_rocm_attn", "neither_api")},
     })
-    return {name: runs[name] for name in sorted(runs, key=lambda name: LONGEST.index(name) if name in LONGEST else len(LONGEST))}
+    return {name: runs[name] for name in sorted(runs, key=lambda name: FIRST.index(name) if name in FIRST else len(FIRST))}
 
 
 def probe(runs: dict) -> list[str]:
