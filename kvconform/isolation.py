@@ -39,6 +39,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 from kvconform.conformance.plugin.collection import suite_command
+from kvconform.reports.lines import fold
 
 HARNESS_ERROR = 3  # exit status of `kvconform run` when the suite itself could not start
 STARTUP_FAILURES = {2: "interrupted", 3: "internal error", 4: "usage error"}  # pytest exit codes
@@ -94,10 +95,11 @@ def say_where(own: bool) -> None:
     """The one line that tells the caller how pytest is started."""
     here = os.getcwd()
     if own:
-        print(f"kvconform: pytest runs in a scratch directory with kvconform's own empty pytest.ini as rootdir and ini, and no conftest "
-              f"(no pytest.ini, pyproject.toml or conftest.py of {here} applies; paths are relative to it)", flush=True)
+        line = (f"kvconform: pytest runs in a scratch directory with kvconform's own empty pytest.ini as rootdir and ini, and no conftest "
+                f"(no pytest.ini, pyproject.toml or conftest.py of {here} applies; paths are relative to it)")
     else:
-        print(f"kvconform: pytest runs in {here} with its pytest configuration and conftests (--caller-pytest-config)", flush=True)
+        line = f"kvconform: pytest runs in {here} with its pytest configuration and conftests (--caller-pytest-config)"
+    print("\n".join(fold(line)), flush=True)
 
 
 # ----------------------------------------------------------------------------- kvconform test / certify

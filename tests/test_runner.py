@@ -17,10 +17,12 @@ def test_a_backend_that_fails_to_import_errors_while_the_others_run(tmp_path):
     assert run.returncode == 1
 
 
-def test_report_header_names_versions_device_fp8_and_seed(tmp_path):
-    header = run_suite(tmp_path, "--backend", "reference", "--seed", "7", "--collect-only").proc.stdout
-    for text in ("kvconform: torch", "triton", "device cpu", "profile quick", "seed 7", "fp8 torch.float8_e4m3fn"):
+def test_report_header_names_versions_device_fp8_and_seed_in_80_columns(tmp_path):
+    header = run_suite(tmp_path, "--backend", "reference,triton_flash", "--seed", "7", "--collect-only", env={"COLUMNS": "80"}).proc.stdout
+    for text in ("kvconform: torch", "triton 3", "device cpu", "profile quick", "seed 7", "fp8 torch.float8_e4m3fn", "triton_mode"):
         assert text in header, text
+    ours = header.split("rootdir:")[0].splitlines()[2:]  # after pytest's own two lines
+    assert ours and all(len(line) <= 80 for line in ours), "\n".join(line for line in ours if len(line) > 80)
 
 
 def test_suite_runs_under_xdist(tmp_path):

@@ -17,6 +17,7 @@ import tempfile
 import pytest
 
 from kvconform.errors import InputError
+from kvconform.reports.lines import fold
 
 from . import options
 from .options import STANDARDS
@@ -119,8 +120,8 @@ class SuiteRun:
         o = self.options
         name = torch.cuda.get_device_name() if o.device.startswith("cuda") else platform.processor() or "cpu"
         lines = [
-            f"kvconform: torch {torch.__version__} (hip {torch.version.hip}), triton {package_version('triton') or 'absent'}, "
-            f"device {o.device} ({name}), profile {o.profile}, seed {o.seed}, standard {o.standard}",
+            f"kvconform: torch {torch.__version__} (hip {torch.version.hip}), triton {package_version('triton') or 'absent'}",
+            f"kvconform: device {o.device} ({name}), profile {o.profile}, seed {o.seed}, standard {o.standard}",
         ]
         left = config.stash.get(ALIASES_LEFT, [])
         if left:
@@ -132,10 +133,11 @@ class SuiteRun:
                 continue
             b = loaded.backend
             fp8 = b.cache_dtype("fp8", torch.bfloat16) if "fp8" in b.capabilities.kv_cache_dtypes else "-"
-            lines.append(
-                f"  backend {b.name}: platform {b.platform}, arch {b.arch() or '-'}, fp8 {fp8}, "
-                f"standards {sorted(b.capabilities.standards) or '-'}, versions {b.versions()}"
-            )
+            lines.append(f"  backend {b.name}: platform {b.platform}, arch {b.arch() or '-'}, fp8 {fp8}, "
+                         f"standards {', '.join(sorted(b.capabilities.standards)) or '-'}; "
+                         f"{', '.join(f'{k} {v}' for k, v in b.versions().items())}")
+        width = config.get_terminal_writer().fullwidth
+        return [part for line in lines for part in fold(line, width)]
         return lines
 
     def backend_facts(self) -> dict:
