@@ -202,10 +202,11 @@ def _heads(g: Geometry, heads) -> torch.Tensor:
 
 def _blocks(g: Geometry, blocks) -> torch.Tensor:
     ids = torch.as_tensor(blocks, dtype=torch.int64).flatten().cpu()
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= g.num_blocks):
-        raise ValueError(f"block ids must lie in [0, {g.num_blocks}), got {ids.tolist()}")
-    if torch.unique(ids).numel() != ids.numel():
-        raise ValueError(f"block ids repeat: {ids.tolist()}")
+    listed = ids.tolist()  # a few ids: Python's min, max and set beat a torch op apiece
+    if listed and (min(listed) < 0 or max(listed) >= g.num_blocks):
+        raise ValueError(f"block ids must lie in [0, {g.num_blocks}), got {listed}")
+    if len(set(listed)) != len(listed):
+        raise ValueError(f"block ids repeat: {listed}")
     return ids
 
 

@@ -25,7 +25,10 @@ bytes, pictures) is derived from it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import types
+from collections.abc import Mapping
 
 import torch
 
@@ -65,6 +68,18 @@ def _index(symbol: str, coords: dict, x: int):
     if how == "mod":
         return value % x
     return value
+
+
+@functools.lru_cache(maxsize=4096)
+def _strides(layout: "Layout", g: Geometry, kv: int) -> Mapping[str, int]:
+    # Every address computation asks for these (tens of thousands of times a run): computed once
+    # per (layout, geometry, side), read-only so that no caller can change what the next one sees.
+    dims = layout.v_dims if kv else layout.k_dims
+    out, running = {}, 1
+    for symbol in reversed(dims):
+        out[symbol] = running + (layout.block_pad if symbol == "B" else 0)
+        running = out[symbol] * _extent(g, symbol)
+    return types.MappingProxyType(out)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -138,14 +153,9 @@ class Layout:
                 f"x=16//{g.element_size}={g.x}"
             )
 
-    def strides(self, g: Geometry, kv: int = 0) -> dict[str, int]:
+    def strides(self, g: Geometry, kv: int = 0) -> Mapping[str, int]:
         """Element stride of every physical symbol of side ``kv`` (dense, plus block padding)."""
-        dims = self.v_dims if kv else self.k_dims
-        out, running = {}, 1
-        for symbol in reversed(dims):
-            out[symbol] = running + (self.block_pad if symbol == "B" else 0)
-            running = out[symbol] * _extent(g, symbol)
-        return out
+        return _strides(self, g, kv)
 
     def numel(self, g: Geometry) -> int:
         """Elements spanned by the allocation (padding included)."""
