@@ -22,7 +22,7 @@ WRITE_ARGS = ("key_ptr", "value_ptr", "k_cache_ptr", "v_cache_ptr", "slot_ptr", 
 COPY_ARGS = ("src_ptr", "dst_ptr", "src_ids_ptr", "dst_ids_ptr", "src_block_stride", "dst_block_stride", "src_region_stride", "dst_region_stride")
 DECODE_ARGS = ("q_ptr", "out_ptr", "k_cache_ptr", "v_cache_ptr", "table_ptr", "seq_lens_ptr", "k_scale_ptr", "v_scale_ptr",
                "q_stride_s", "q_stride_h", "out_stride_s", "out_stride_h", "table_stride_s",
-               "k_block_stride", "k_slot_stride", "k_head_stride", "v_block_stride", "v_slot_stride", "v_head_stride", "scale")
+               "k_block_stride", "k_slot_stride", "k_head_stride", "v_block_stride", "v_slot_stride", "v_head_stride", "scale", "num_query_heads")
 
 
 def _compile(fn, names, types, constexprs, target):
@@ -51,9 +51,11 @@ def compile_all() -> list[tuple[str, str, str]]:
                           PER_HEAD_SCALE=True, PACKED=packed, OUT=fp8, MAN_BITS=3, MIN_NORMAL=2.0**-6, SUB_ULP=2.0**-9, MAX=448.0,
                           NAN_CODE=0x7F, SIGNED_NAN=True))]
             if quant and not packed:
-                jobs.append((f"decode-{form_name}-fp8", K.paged_decode_kernel, DECODE_ARGS,
-                             ["*bf16", "*bf16", f"*{fp8_ptr}", f"*{fp8_ptr}", "*i64", "*i64", "*fp32", "*fp32"] + ["i64"] * 11 + ["fp32"],
-                             dict(QUERIES_PER_KV=2, BLOCK_SIZE=16, HEAD_SIZE=128, BLOCK_D=128, FORM=form, X=16, DEQUANT=True, PER_HEAD_SCALE=False)))
+                for heads in (1, 4):  # a GPU's one query head per program; the interpreter's several
+                    jobs.append((f"decode-{form_name}-fp8-{heads}q", K.paged_decode_kernel, DECODE_ARGS,
+                                 ["*bf16", "*bf16", f"*{fp8_ptr}", f"*{fp8_ptr}", "*i64", "*i64", "*fp32", "*fp32"] + ["i64"] * 11 + ["fp32", "i64"],
+                                 dict(QUERIES_PER_KV=2, BLOCK_SIZE=16, HEAD_SIZE=128, BLOCK_D=128, FORM=form, X=16, DEQUANT=True, PER_HEAD_SCALE=heads > 1,
+                                      BLOCK_HQ=heads)))
             if form_name == "strided-packed" and not quant:
                 jobs.append(("copy-blocks", K.copy_blocks_kernel, COPY_ARGS, ["*i64", "*i64", "*i64", "*i64"] + ["i64"] * 4,
                              dict(REGION_LEN=1536, CHUNK=2048)))

@@ -17,8 +17,10 @@ import triton.language as tl
 
 from .triton_interpreter import interpreted
 
-# Tokens per program of a strided write under TRITON_INTERPRET (a [TOKENS, H·D] tile per program).
+# Tokens per program of a strided write, query heads per program of a decode, under
+# TRITON_INTERPRET (each program is a pass of Python over the kernel: fewer, larger tiles).
 INTERPRETER_TOKENS = 64
+INTERPRETER_QUERY_HEADS = 16
 
 # K/V address forms inside a block (SPEC LAYOUT-E1, LAYOUT-LEGACY, LAYOUT-SHUFFLE).
 STRIDED, X_TILES, LEGACY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
@@ -185,47 +187,50 @@ def paged_decode_kernel(
     q_stride_s, q_stride_h, out_stride_s, out_stride_h, table_stride_s,
     k_block_stride, k_slot_stride, k_head_stride,
     v_block_stride, v_slot_stride, v_head_stride,
-    scale, QUERIES_PER_KV: tl.constexpr,
+    scale, num_query_heads, QUERIES_PER_KV: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, FORM: tl.constexpr, X: tl.constexpr,
-    DEQUANT: tl.constexpr, PER_HEAD_SCALE: tl.constexpr,
+    DEQUANT: tl.constexpr, PER_HEAD_SCALE: tl.constexpr, BLOCK_HQ: tl.constexpr,
 ):
-    """One program per (sequence, query head): online-softmax attention over the block table."""
+    """One program per (sequence, BLOCK_HQ query heads): online-softmax attention over the block
+    table, each query head over its own KV head (``qh // QUERIES_PER_KV``)."""
     s = tl.program_id(0).to(tl.int64)
-    qh = tl.program_id(1).to(tl.int64)
+    qh = tl.program_id(1).to(tl.int64) * BLOCK_HQ + tl.arange(0, BLOCK_HQ).to(tl.int64)
+    qh_ok = qh < num_query_heads
     h = qh // QUERIES_PER_KV
     d = tl.arange(0, BLOCK_D).to(tl.int64)
     n = tl.arange(0, BLOCK_SIZE).to(tl.int64)
     d_ok = d < HEAD_SIZE
-    q = tl.load(q_ptr + s * q_stride_s + qh * q_stride_h + d, mask=d_ok, other=0.0).to(tl.float32)
+    row_ok = qh_ok[:, None] & d_ok[None, :]
+    q = tl.load(q_ptr + s * q_stride_s + qh[:, None] * q_stride_h + d[None, :], mask=row_ok, other=0.0).to(tl.float32)
     seq_len = tl.load(seq_lens_ptr + s).to(tl.int64)
     k_scale = 1.0
     v_scale = 1.0
     if DEQUANT:
-        k_scale = tl.load(k_scale_ptr + (h if PER_HEAD_SCALE else 0))
-        v_scale = tl.load(v_scale_ptr + (h if PER_HEAD_SCALE else 0))
-    m_i = float("-inf")
-    l_i = 0.0
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+        k_scale = tl.load(k_scale_ptr + h * PER_HEAD_SCALE, mask=qh_ok, other=1.0)[:, None, None]
+        v_scale = tl.load(v_scale_ptr + h * PER_HEAD_SCALE, mask=qh_ok, other=1.0)[:, None, None]
+    m_i = tl.full([BLOCK_HQ], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_HQ], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_HQ, BLOCK_D], dtype=tl.float32)
     # The (head, dim) part of every address is the same in each block of the table.
-    k_inner = _inner_offset(h, d[None, :], k_head_stride, 0, FORM, BLOCK_SIZE, HEAD_SIZE, X)
-    v_inner = _inner_offset(h, d[None, :], v_head_stride, 1, FORM, BLOCK_SIZE, HEAD_SIZE, X)
+    k_inner = _inner_offset(h[:, None, None], d[None, None, :], k_head_stride, 0, FORM, BLOCK_SIZE, HEAD_SIZE, X)
+    v_inner = _inner_offset(h[:, None, None], d[None, None, :], v_head_stride, 1, FORM, BLOCK_SIZE, HEAD_SIZE, X)
     for j in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):
         blk = tl.load(table_ptr + s * table_stride_s + j).to(tl.int64)
         pos_ok = (j * BLOCK_SIZE + n) < seq_len
-        tile_ok = pos_ok[:, None] & d_ok[None, :]
-        k_off = _row_offset(blk, n[:, None], k_block_stride, k_slot_stride, 0, FORM, HEAD_SIZE, X) + k_inner
-        v_off = _row_offset(blk, n[:, None], v_block_stride, v_slot_stride, 1, FORM, HEAD_SIZE, X) + v_inner
+        tile_ok = row_ok[:, None, :] & pos_ok[None, :, None]
+        k_off = _row_offset(blk, n[None, :, None], k_block_stride, k_slot_stride, 0, FORM, HEAD_SIZE, X) + k_inner
+        v_off = _row_offset(blk, n[None, :, None], v_block_stride, v_slot_stride, 1, FORM, HEAD_SIZE, X) + v_inner
         k = tl.load(k_cache_ptr + k_off, mask=tile_ok, other=0.0).to(tl.float32) * k_scale
         v = tl.load(v_cache_ptr + v_off, mask=tile_ok, other=0.0).to(tl.float32) * v_scale
-        qk = tl.where(pos_ok, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, axis=0))
-        p = tl.exp(qk - m_new)
+        qk = tl.where(pos_ok[None, :], tl.sum(k * q[:, None, :], axis=2) * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        p = tl.exp(qk - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v, axis=1)
         m_i = m_new
-    out = acc / l_i
-    tl.store(out_ptr + s * out_stride_s + qh * out_stride_h + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+    out = acc / l_i[:, None]
+    tl.store(out_ptr + s * out_stride_s + qh[:, None] * out_stride_h + d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok)
 
 
 @triton.jit
@@ -305,13 +310,16 @@ def paged_decode(query, key_cache, value_cache, block_table, seq_lens, k_scale, 
     """Decode attention for ``query [S, Hq, D]`` over the caches; returns ``[S, Hq, D]``."""
     S, Hq, D = query.shape
     out = torch.empty_like(query)
-    paged_decode_kernel[(S, Hq)](
+    # A GPU runs one query head per program; the interpreter runs each program as Python, so
+    # there one program takes every query head of a sequence (the same code, a larger BLOCK_HQ).
+    heads_per_program = min(triton.next_power_of_2(Hq), INTERPRETER_QUERY_HEADS) if interpreted() else 1
+    paged_decode_kernel[(S, triton.cdiv(Hq, heads_per_program))](
         query, out, key_cache, value_cache, block_table, seq_lens, k_scale, v_scale,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
         *_cache_strides(key_cache, form), *_cache_strides(value_cache, form),
-        scale, QUERIES_PER_KV=Hq // num_kv_heads,
+        scale, Hq, QUERIES_PER_KV=Hq // num_kv_heads,
         BLOCK_SIZE=block_size, HEAD_SIZE=D, BLOCK_D=triton.next_power_of_2(D), FORM=form, X=x,
-        DEQUANT=key_cache.dtype in FP8, PER_HEAD_SCALE=k_scale.numel() > 1,
+        DEQUANT=key_cache.dtype in FP8, PER_HEAD_SCALE=k_scale.numel() > 1, BLOCK_HQ=heads_per_program,
     )
     return out
 
