@@ -51,21 +51,18 @@ def _round_to_fp8_grid(x, MAN_BITS: tl.constexpr, MIN_NORMAL: tl.constexpr, SUB_
 
 
 @triton.jit
-def _encode(x, scale, QUANT: tl.constexpr, OUT: tl.constexpr, MAN_BITS: tl.constexpr, MIN_NORMAL: tl.constexpr, SUB_ULP: tl.constexpr, MAX: tl.constexpr,
+def _encode(x, scale, OUT: tl.constexpr, MAN_BITS: tl.constexpr, MIN_NORMAL: tl.constexpr, SUB_ULP: tl.constexpr, MAX: tl.constexpr,
             NAN_CODE: tl.constexpr, SIGNED_NAN: tl.constexpr):
-    if QUANT:
-        # div_rn: IEEE division, as the CUDA writers and the reference (fast division is 2 ulp off).
-        scaled = tl.math.div_rn(x.to(tl.float32), scale)
-        y = _round_to_fp8_grid(scaled, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX).to(OUT)
-        # NaN is stored as its code's bits: the interpreter's fp8 cast has no NaN (it yields a finite code or inf).
-        if SIGNED_NAN:
-            bits = NAN_CODE | (((scaled.to(tl.int32, bitcast=True) >> 31) & 1) << 7)
-        else:
-            bits = tl.full(scaled.shape, NAN_CODE, tl.int32)
-        y = tl.where(scaled != scaled, bits.to(tl.uint8).to(OUT, bitcast=True), y)
+    """K or V values as fp8 elements of a scaled cache."""
+    # div_rn: IEEE division, as the CUDA writers and the reference (fast division is 2 ulp off).
+    scaled = tl.math.div_rn(x.to(tl.float32), scale)
+    y = _round_to_fp8_grid(scaled, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX).to(OUT)
+    # NaN is stored as its code's bits: the interpreter's fp8 cast has no NaN (it yields a finite code or inf).
+    if SIGNED_NAN:
+        bits = NAN_CODE | (((scaled.to(tl.int32, bitcast=True) >> 31) & 1) << 7)
     else:
-        y = x  # bit copy (both pointers are integer views)
-    return y
+        bits = tl.full(scaled.shape, NAN_CODE, tl.int32)
+    return tl.where(scaled != scaled, bits.to(tl.uint8).to(OUT, bitcast=True), y)
 
 
 @triton.jit
@@ -144,8 +141,9 @@ def reshape_and_cache_kernel(
     rows_ok = in_row & (t < num_tokens)
     k = tl.load(key_ptr + t * key_stride_t + k_src, mask=rows_ok)
     v = tl.load(value_ptr + t * value_stride_t + v_src, mask=rows_ok)
-    k = _encode(k, k_scale, QUANT, OUT, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX, NAN_CODE, SIGNED_NAN)
-    v = _encode(v, v_scale, QUANT, OUT, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX, NAN_CODE, SIGNED_NAN)
+    if QUANT:  # else a bit copy (both pointers are integer views)
+        k = _encode(k, k_scale, OUT, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX, NAN_CODE, SIGNED_NAN)
+        v = _encode(v, v_scale, OUT, MAN_BITS, MIN_NORMAL, SUB_ULP, MAX, NAN_CODE, SIGNED_NAN)
     k_row = _row_offset(b, n, k_block_stride, k_slot_stride, 0, FORM, HEAD_SIZE, X)
     v_row = _row_offset(b, n, v_block_stride, v_slot_stride, 1, FORM, HEAD_SIZE, X)
     tl.store(k_cache_ptr + k_row + k_inner, k, mask=mask)
