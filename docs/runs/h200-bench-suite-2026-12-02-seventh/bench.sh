@@ -1,0 +1,13 @@
+#!/bin/bash
+# kvconform #25, 2026-12-02 seventh session: the tree of this session on one 1 x H200 machine:
+# quick -n 8 (first run, then ordered second runs), quick ordered at -n 4 and -n 16 (how the
+# parallel efficiency moves with the worker count), full -n 16 (first, ordered).
+# Run from the repository root: bash docs/runs/h200-bench-suite-2026-12-02-seventh/bench.sh
+source benchmarks/h200_env.sh
+T=$PWD
+bench $T q-first 120 --profiles quick -n 8 --keep /tmp/keep/q
+for i in 1 2; do bench $T q-ordered-$i 90 --profiles quick -n 8 --keep /tmp/keep/q; done
+bench $T q-ordered-n4 120 --profiles quick -n 4 --keep /tmp/keep/q
+bench $T q-ordered-n16 90 --profiles quick -n 16 --keep /tmp/keep/q
+bench $T f-first 120 --profiles full -n 16 --keep /tmp/keep/f
+bench $T f-ordered 100 --profiles full -n 16 --keep /tmp/keep/f
