@@ -12,5 +12,4 @@ def fold(line: str, width: int | None = None, indent: str = "    ") -> list[str]
     broken at spaces only: a path or a version longer than the width stays whole on its line."""
     width = width or shutil.get_terminal_size().columns
     lead = line[: len(line) - len(line.lstrip(" "))]
-    return textwrap.wrap(line, width, initial_indent="", subsequent_indent=lead + indent,
-                         break_long_words=False, break_on_hyphens=False, drop_whitespace=True) or [line]
+    return textwrap.wrap(line, width, subsequent_indent=lead + indent, break_long_words=False, break_on_hyphens=False) or [line]

@@ -138,7 +138,6 @@ class SuiteRun:
                          f"{', '.join(f'{k} {v}' for k, v in b.versions().items())}")
         width = config.get_terminal_writer().fullwidth
         return [part for line in lines for part in fold(line, width)]
-        return lines
 
     def backend_facts(self) -> dict:
         from ..harness.sweeps import declared
