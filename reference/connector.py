@@ -161,7 +161,14 @@ def region_bytes(regions: list[tuple[int, int]], device=None) -> torch.Tensor:
     """The byte indices the regions cover, in region order."""
     if not regions:
         return torch.zeros(0, dtype=torch.int64, device=device)
-    return torch.cat([torch.arange(offset, offset + length, device=device) for offset, length in regions])
+    # Built on the CPU in a few ops and moved once: one arange per region on a GPU was a kernel
+    # launch per region (hundreds for a head slice), each waiting on the other workers' contexts.
+    offsets, lengths = torch.tensor(regions, dtype=torch.int64).T
+    if bool((lengths < 0).any()):
+        raise ValueError(f"region {regions[int(torch.nonzero(lengths < 0)[0])]} has a negative length")
+    first = torch.cumsum(lengths, 0) - lengths  # where each region's bytes start in the result
+    index = torch.arange(int(lengths.sum())) + torch.repeat_interleave(offsets - first, lengths)
+    return index.to(device)
 
 
 def copy_between_regions(src: torch.Tensor, src_regions, dst: torch.Tensor, dst_regions) -> None:

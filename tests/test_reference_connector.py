@@ -59,6 +59,17 @@ def test_rank_heads_split_evenly_or_replicate():
             C.rank_heads(*bad)
 
 
+@given(st.lists(st.tuples(st.integers(0, 1 << 40), st.integers(0, 40)), min_size=1, max_size=12))
+def test_region_bytes_are_each_regions_bytes_in_region_order(regions):
+    want = [offset + i for offset, length in regions for i in range(length)]
+    assert C.region_bytes(regions).tolist() == want
+
+
+def test_a_region_of_negative_length_is_an_error_naming_it():
+    with pytest.raises(ValueError, match=r"region \(7, -2\) has a negative length"):
+        C.region_bytes([(0, 4), (7, -2)])
+
+
 @pytest.mark.parametrize("key", LAYOUTS)
 @given(data=st.data())
 def test_export_gives_canonical_bytes_and_import_puts_every_element_back(key, data):
