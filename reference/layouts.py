@@ -130,6 +130,10 @@ class Layout:
     def __str__(self) -> str:
         return f"{self.alias} {self.name}"
 
+    def _repr_pretty_(self, printer, cycle) -> None:
+        # How Hypothesis prints a drawn layout in a failing example: one line, not nine fields.
+        printer.text(f"Layout({self})")
+
     @property
     def is_tiled(self) -> bool:
         return self.k_dims != self.v_dims

@@ -101,3 +101,24 @@ def test_junit_tells_not_applicable_known_failure_unexpected_pass_and_failure_ap
 def test_a_long_row_label_breaks_at_spaces_and_separators_never_inside_a_word_that_fits():
     assert wrap_name("reference_gfx942 (models rocm-gfx942)", 20).splitlines() == ["reference_gfx942", "(models rocm-gfx942)"]
     assert wrap_name("mutant:connector_head_slice_off_by_one", 22).splitlines() == ["mutant:connector_head_", "slice_off_by_one"]
+
+
+def test_a_failure_reads_from_the_checks_own_line_without_the_harness_frames(tmp_path):
+    run = run_suite(tmp_path, "--backend", "mutant:write_padding_slots", "-k", "test_padding_slots_leave_cache_untouched", "-p", "no:xdist")
+    failure = run.proc.stdout.split("= FAILURES =")[1]
+    assert "def test_padding_slots_leave_cache_untouched(case):" in failure and "padding-written: K[" in failure
+    assert "def assert_bytes_equal" not in failure and "harness/ops.py" not in failure, failure
+
+
+def test_only_a_formatted_finding_hides_harness_frames():
+    from kvconform.conformance.harness.assertions import ConformanceFailure, a_finding
+
+    def raised(exc):
+        try:
+            raise exc
+        except Exception:  # noqa: BLE001 - an ExceptionInfo needs a raised exception
+            return pytest.ExceptionInfo.from_current()
+
+    assert a_finding(raised(ConformanceFailure("write: …", {})))
+    assert not a_finding(raised(RuntimeError("a harness bug keeps every frame")))
+    assert not a_finding(None)

@@ -36,6 +36,16 @@ class ConformanceFailure(AssertionError):
     def __init__(self, message: str, details: dict):
         super().__init__(message)
         self.details = details
+
+
+def a_finding(excinfo) -> bool:
+    """pytest's ``__tracebackhide__`` of the harness modules: a failure a helper formatted itself is
+    shown from the check's own line (its message holds the coordinates, bytes and repro); any
+    other exception (a harness bug, a backend raising) keeps every frame."""
+    return excinfo is not None and excinfo.errisinstance(ConformanceFailure)
+
+
+__tracebackhide__ = a_finding
 SHOWN = 6  # differing elements listed per failure
 LISTED_IN_MESSAGE = 8  # diagnosis findings in the message (all of them are in details["diagnosis"])
 PAGE = mmap.PAGESIZE  # the unit of ``assert_bytes_equal(pages=...)``

@@ -32,8 +32,10 @@ import torch
 from kvconform import reference as R
 from kvconform.backends_under_test.contract import CacheSpec
 
-from .assertions import assert_bytes_equal
+from .assertions import a_finding, assert_bytes_equal
 from .case import FP8_KV_CACHE_DTYPES, GUARD, Arena, Case, storage_of_its_own
+
+__tracebackhide__ = a_finding  # a failure shows from the check's line (assertions.a_finding)
 
 PAGE = mmap.PAGESIZE
 LIMIT = 1 << 31

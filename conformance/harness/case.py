@@ -66,6 +66,11 @@ class Case:
     def __repr__(self) -> str:  # stable across runs: reports must not differ by object addresses
         return f"Case(backend={self.backend.name!r}, layout={str(self.layout)!r}, device={self.device!r}, seed={self.seed})"
 
+    def _repr_pretty_(self, printer, cycle) -> None:
+        # Hypothesis prints a failing example's arguments with this (else every field, ~50 lines
+        # of facts); the failure message above it already names the case and its repro.
+        printer.text(repr(self))
+
     def spec(self, g: R.Geometry, kv_cache_dtype: str | None = None, model_dtype=None, layout=None, layer: int = 0) -> CacheSpec:
         """The spec of one case; pure (what a test built is noted when it allocates).
 

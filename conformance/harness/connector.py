@@ -15,8 +15,10 @@ import torch
 
 from kvconform import reference as R
 
-from .assertions import ConformanceFailure, assert_bytes_equal, describe
+from .assertions import ConformanceFailure, a_finding, assert_bytes_equal, describe
 from .case import Arena, Case, random_bytes
+
+__tracebackhide__ = a_finding  # a failure shows from the check's line (assertions.a_finding)
 
 LAYERS = 3
 

@@ -25,6 +25,9 @@ from hypothesis import reject
 
 from kvconform.backends_under_test.contract import OpUnavailable
 
+from .assertions import a_finding
+
+__tracebackhide__ = a_finding  # a failure shows from the check's line (assertions.a_finding)
 
 
 def unavailable_text(exc: OpUnavailable) -> str:

@@ -6,9 +6,12 @@ import torch
 
 from kvconform import reference as R
 
+from .assertions import a_finding, assert_bytes_equal
 from .exercised import note_write
 from .case import Arena, Case
 from .diagnosis import WriteInputs
+
+__tracebackhide__ = a_finding  # a failure shows from the check's line (assertions.a_finding)
 
 
 def declared_slots(case: Case, slot_mapping: torch.Tensor) -> torch.Tensor:
@@ -48,8 +51,6 @@ def reference_write(case: Case, expected: Arena, key, value, slot_mapping, k_sca
 def write_and_compare(case: Case, prop: str, spec, key, value, slot_mapping, k_scale, v_scale, note: str = "") -> None:
     """Backend write into a fresh arena; the whole arena must equal the reference's. A failure
     is diagnosed against the arena before the write and the write's inputs."""
-    from .assertions import assert_bytes_equal
-
     arena = case.allocate(spec)
     initial = arena.snapshot()
     slot_mapping = declared_slots(case, slot_mapping)
