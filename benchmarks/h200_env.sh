@@ -3,6 +3,8 @@
 # makes `kvconform` importable with its pytest11 and backend entry points, and defines
 #   bench TREE NAME LIMIT_S BENCH_SUITE_ARGS…   one benchmarks/bench_suite.py run of TREE on GPU 0,
 #                                               its log in $OUT/logs/NAME.log, a line in $OUT/summary.jsonl
+#   quick_and_full TREE                         the runs that compare trees: quick -n 8 (first, then two
+#                                               ordered second runs), full -n 16 (first, ordered)
 # On exit the logs and the summary are packed into $OUT/all.tar.gz (one file comes back).
 set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tc
@@ -21,6 +23,14 @@ bench() {
         > "$OUT/logs/$name.log" 2>&1
     echo "exit $? (limit $limit s)"
     grep -E "wall with|efficiency|time outside|Traceback|rror" "$OUT/logs/$name.log" | cut -c1-230 | head -4
+}
+
+quick_and_full() {
+    local tree=$1
+    bench "$tree" q-first 120 --profiles quick -n 8 --keep /tmp/keep/q
+    for i in 1 2; do bench "$tree" q-ordered-$i 90 --profiles quick -n 8 --keep /tmp/keep/q; done
+    bench "$tree" f-first 120 --profiles full -n 16 --keep /tmp/keep/f
+    bench "$tree" f-ordered 100 --profiles full -n 16 --keep /tmp/keep/f
 }
 
 trap 'cd "$OUT" && tar -czf all.tar.gz logs summary.jsonl && rm -rf logs summary.jsonl' EXIT

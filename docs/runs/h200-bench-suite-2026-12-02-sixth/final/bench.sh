@@ -4,8 +4,4 @@
 # (first run, then ordered second runs) and full -n 16 (first, ordered).
 # Run from the repository root: bash docs/runs/h200-bench-suite-2026-12-02-sixth/final/bench.sh
 source benchmarks/h200_env.sh
-T=$PWD
-bench $T q-first 120 --profiles quick -n 8 --keep /tmp/keep/q
-for i in 1 2; do bench $T q-ordered-$i 90 --profiles quick -n 8 --keep /tmp/keep/q; done
-bench $T f-first 120 --profiles full -n 16 --keep /tmp/keep/f
-bench $T f-ordered 100 --profiles full -n 16 --keep /tmp/keep/f
+quick_and_full "$PWD"
