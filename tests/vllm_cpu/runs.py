@@ -40,6 +40,7 @@ def regression(name: str) -> str:
 # gfx942 run (the longest); every other run takes 2-15 s.
 FIRST = (regression("rocm_swap_indexes_dim1"), GFX942)
 JOB = "vllm-runs"
+TIMEOUT = 3600  # s, for all the runs together
 READERS = ("test_vllm_adapter.py", "test_vllm_regressions.py")
 _out: list[str] = []  # the runs' scratch directory, once registered
 
@@ -70,14 +71,14 @@ def register(python: str) -> None:
     if not _out:
         _out.append(tempfile.mkdtemp(prefix="kvconform-vllm-runs-"))
         runs = plan()
-        background.register(JOB, forked_runs_command(_out[0], runs, fresh=FRESH, probe=probe(runs), python=python, jobs=1, timeout=3600),
+        background.register(JOB, forked_runs_command(_out[0], runs, fresh=FRESH, probe=probe(runs), python=python, jobs=1, timeout=TIMEOUT),
                             cwd=ROOT, env={"OMP_NUM_THREADS": "1"}, readers=READERS)  # one core: the serial tests have the other
 
 
 def results(python: str) -> dict[str, dict]:
     """Every run's results document with its ``exit_status`` (None: it wrote no results)."""
     register(python)
-    log = background.result(JOB, timeout=3660)
+    log = background.result(JOB, timeout=TIMEOUT + 60)  # forked_runs stops its runs at TIMEOUT
     done = forked_runs_results(_out[0], plan(), log.stdout + log.stderr)
     return {name: {**run.document, "exit_status": run.returncode, "output": run.output} if run.document is not None else None
             for name, run in done.items()}
