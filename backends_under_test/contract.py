@@ -20,11 +20,13 @@ from kvconform.reference import compat
 from kvconform.reference import Geometry, Layout, fp8
 from kvconform.reference import connector as conn
 
+from .latent_contract import LATENT_OPS, LatentCapabilities, LatentSpec
+
 # What a connector-facing backend may declare besides (docs/CONNECTOR.md): byte regions of
 # blocks and head slices, a wire form (export + import), import across block sizes, and its
 # own handshake verdict on a peer.
 CONNECTOR_OPS = frozenset({"regions", "wire", "reblock", "handshake"})
-OPS = frozenset({"write", "split", "swap", "copy", "decode"}) | CONNECTOR_OPS
+OPS = frozenset({"write", "split", "swap", "copy", "decode"}) | CONNECTOR_OPS | LATENT_OPS
 STANDARDS = frozenset({"e1", "e3"})
 CONNECTOR_NOT_SUPPORTED = "KV connector not supported"
 
@@ -73,6 +75,7 @@ class Capabilities:
     # The writer skips slot -1 (vLLM's padding token, SPEC WRITE-PAD-1). False for a library that
     # appends every row it is given (FlashInfer): the suite then sends no -1 at all.
     padding_slots: bool = True
+    latent: LatentCapabilities | None = None  # latent caches (MLA, fp8_ds_mla, indexer; latent_contract.py)
 
     def __post_init__(self):
         unknown = set(self.ops) - OPS
@@ -81,8 +84,8 @@ class Capabilities:
         unknown = set(self.standards) - STANDARDS
         if unknown:
             raise ValueError(f"Capabilities.standards: unknown {sorted(unknown)}; expected a subset of {sorted(STANDARDS)}")
-        if not self.layouts:
-            raise ValueError("Capabilities.layouts: declare at least one layout")
+        if not self.layouts and self.latent is None:
+            raise ValueError("Capabilities.layouts: declare at least one layout (or latent caches only: latent=LatentCapabilities(...))")
         if set(self.scale_types) - {"tensor", "head"}:
             raise ValueError(f"Capabilities.scale_types: expected 'tensor'/'head', got {self.scale_types}")
 
@@ -192,6 +195,61 @@ class Backend(abc.ABC):
           float32 ``[1]`` or ``[H]``, as for :meth:`write`.
         """
         raise NotImplementedError
+
+    # ---------------------------------------------------------------- latent ops (SPEC §17; latent_contract.py)
+    # T tokens; R kv_lora_rank, P rope_dim (``spec.fmt``); slot ``b·N + s`` as for :meth:`write`, -1 padding.
+    def latent_allocate(self, buffer: torch.Tensor, spec: LatentSpec) -> torch.Tensor:
+        """The latent cache over ``buffer`` (uint8, 1-D, ``spec.geometry.nbytes()`` bytes): a view in
+        ``spec.fmt.storage_dtype()`` with the backend's shape (``spec.geometry.shape()``: one record per row)."""
+        raise NotImplementedError
+
+    def latent_write(self, cache, kv_c, k_pe, slot_mapping, spec: LatentSpec, *, scale) -> None:
+        """``concat_and_cache_mla`` (``fp8_ds_mla``: ``concat_and_cache_ds_mla``) into layer ``spec.layer``:
+        ``kv_c [T, R]``, ``k_pe [T, P]`` in the model dtype, rows through their strides; ``scale``
+        float32 ``[1]`` (a plain fp8 cache stores ``x / scale``; ignored otherwise)."""
+        raise NotImplementedError
+
+    def indexer_write(self, cache, k, slot_mapping, spec: LatentSpec) -> None:
+        """``indexer_k_quant_and_cache``: ``k [T, D]`` in the model dtype, quantised per token with the
+        format's scale policy, values region then scales region per block."""
+        raise NotImplementedError
+
+    def latent_gather(self, cache, block_table, seq_lens, spec: LatentSpec, *, scale) -> torch.Tensor:
+        """The sequences' records, dequantised: ``[sum(seq_lens), R + P]`` in the model dtype."""
+        raise NotImplementedError
+
+    def indexer_gather(self, cache, block_table, seq_lens, spec: LatentSpec) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cp_gather_indexer_k_quant_cache``: (value bytes ``[T, D]``, scale bytes ``[T, 4 or D/32]``), uint8."""
+        raise NotImplementedError
+
+    def latent_decode(self, query, cache, block_table, seq_lens, spec: LatentSpec, *, scale, softmax_scale: float) -> torch.Tensor:
+        """MLA decode: ``query [S, Hq, R + P]`` → ``[S, Hq, R]``; K is the whole latent, V its first R values."""
+        raise NotImplementedError
+
+    def latent_copy(self, cache, block_mapping, spec: LatentSpec) -> None:
+        """Every ``[src, dst]`` row of ``block_mapping`` (int64 ``[M, 2]``) copies a whole block, every layer."""
+        raise NotImplementedError
+
+    def latent_swap(self, src_cache, src_spec: LatentSpec, dst_cache, dst_spec: LatentSpec, src_ids, dst_ids) -> None:
+        """``dst[dst_ids] = src[src_ids]``, whole blocks of every layer, between device and host caches."""
+        raise NotImplementedError
+
+    def latent_regions(self, spec: LatentSpec, blocks, heads: range | None = None) -> list[tuple[int, int]]:
+        """Connector byte regions ``(offset, length)`` from the cache's first byte holding ``blocks``,
+        every layer. A latent cache is replicated across TP ranks: a head slice (``heads``) is refused
+        with ``ValueError``."""
+        raise NotImplementedError
+
+    def latent_transfer_plan(self, producer_tp: int, consumer_tp: int, consumer_rank: int, blocks) -> list[tuple[int, int]]:
+        """``latent_plan``: the ``(block, producer_rank)`` pulls consumer rank ``consumer_rank`` makes for ``blocks``."""
+        raise NotImplementedError
+
+    def latent_descriptor(self, spec: LatentSpec) -> dict:
+        """What this backend's connector announces of a latent cache at handshake; a peer whose
+        descriptor differs is refused (default: the reference's ``record_descriptor``)."""
+        from kvconform.reference import latent
+
+        return latent.record_descriptor(spec.fmt)
 
     def supports_kv_connector(self) -> bool:
         """vLLM ``AttentionBackend.supports_kv_connector()`` (default True, SPEC GATE-SUPPORT)."""
