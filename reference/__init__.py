@@ -5,7 +5,7 @@ x, s, b, n). :meth:`Layout.offsets` is the single address formula; everything el
 derived from it.
 """
 
-from . import connector, fp8
+from . import connector, fp8, latent
 from .attention import gather_sequence_kv, paged_decode_attention
 from .canonical import canonical_block_bytes, place_canonical_block_bytes
 from .geometry import Geometry, bits_dtype
