@@ -21,6 +21,7 @@ BUILTIN = {
     "triton_unified": "kvconform.backends_under_test.triton_backends:TritonUnified",
     "triton_aiter": "kvconform.backends_under_test.triton_backends:TritonAiter",
     "triton_rocm_attn": "kvconform.backends_under_test.triton_backends:TritonRocmAttn",
+    "triton_mla": "kvconform.backends_under_test.triton_latent:TritonMLA",
 }
 MUTANT_PREFIX = "mutant:"
 FAULT_PREFIX = "fault:"
