@@ -21,6 +21,7 @@ from kvconform.reference import Geometry, Layout, fp8
 from kvconform.reference import connector as conn
 
 from .latent_contract import LATENT_OPS, LatentCapabilities, LatentSpec
+from .quant_contract import QuantCapabilities
 
 # What a connector-facing backend may declare besides (docs/CONNECTOR.md): byte regions of
 # blocks and head slices, a wire form (export + import), import across block sizes, and its
@@ -76,6 +77,7 @@ class Capabilities:
     # appends every row it is given (FlashInfer): the suite then sends no -1 at all.
     padding_slots: bool = True
     latent: LatentCapabilities | None = None  # latent caches (MLA, fp8_ds_mla, indexer; latent_contract.py)
+    quant: QuantCapabilities | None = None  # per-token-head quantised caches (quant_contract.py, SPEC §16)
 
     def __post_init__(self):
         unknown = set(self.ops) - OPS
@@ -84,7 +86,7 @@ class Capabilities:
         unknown = set(self.standards) - STANDARDS
         if unknown:
             raise ValueError(f"Capabilities.standards: unknown {sorted(unknown)}; expected a subset of {sorted(STANDARDS)}")
-        if not self.layouts and self.latent is None:
+        if not self.layouts and self.latent is None and self.quant is None:
             raise ValueError("Capabilities.layouts: declare at least one layout (or latent caches only: latent=LatentCapabilities(...))")
         if set(self.scale_types) - {"tensor", "head"}:
             raise ValueError(f"Capabilities.scale_types: expected 'tensor'/'head', got {self.scale_types}")

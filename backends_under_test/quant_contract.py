@@ -1,0 +1,68 @@
+"""What a backend with per-token-head quantised caches declares and does (SPEC §16 PTH-*).
+
+``Capabilities.quant`` holds a :class:`QuantCapabilities`; the backend implements the ``quant_*``
+methods of :class:`QuantOps` for the ops it lists. A backend with only these caches declares
+``layouts=()``: the K/V checks are then not applicable to it by declaration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from kvconform.reference import quant_layouts as QL
+
+QUANT_OPS = frozenset({"quant_write", "quant_decode", "quant_copy", "quant_swap"})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QuantCapabilities:
+    modes: tuple[str, ...]  # of quant_layouts.MODES
+    orders: tuple[str, ...] = QL.ORDERS  # the physical orders the backend's caches take
+    ops: frozenset[str] = QUANT_OPS
+    block_sizes: tuple[int, ...] = (16,)
+    head_sizes: tuple[int, ...] = (64, 128)
+    num_kv_heads: tuple[int, ...] = (1, 2, 3)
+    num_layers: tuple[int, ...] = (1, 2)
+    padding_slots: bool = True
+
+    def __post_init__(self):
+        for name, values, allowed in (("modes", self.modes, QL.MODES), ("orders", self.orders, QL.ORDERS), ("ops", self.ops, QUANT_OPS)):
+            if not values or set(values) - set(allowed):
+                raise ValueError(f"QuantCapabilities.{name}: {sorted(values)}; expected a non-empty subset of {sorted(allowed)}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QuantSpec:
+    geometry: QL.QuantGeometry
+    layer: int = 0  # the layer per-layer ops (allocate, write, decode) act on
+    model_dtype: torch.dtype = torch.bfloat16
+
+
+class QuantOps:
+    """The ops of a per-token-head cache; every tensor on the backend's device."""
+
+    def quant_allocate(self, buffer: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+        """The allocation ``(L, B, H, N, C)`` over ``buffer`` (uint8, ``spec.geometry.nbytes()``) in the
+        declared order; per-layer ops act on ``cache[spec.layer]``. Layer ``spec.layer`` is left as
+        the backend's first use leaves it (its scale views built: PTH-SCALE-INIT), others untouched."""
+        raise NotImplementedError
+
+    def quant_write(self, cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, spec: QuantSpec) -> None:
+        """``key``/``value`` ``[T, H, D]`` (model dtype, rows possibly strided) into ``slot_mapping``'s slots (-1: padding)."""
+        raise NotImplementedError
+
+    def quant_decode(self, cache: torch.Tensor, query: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, spec: QuantSpec, *,
+                     scale: float) -> torch.Tensor:
+        """Paged decode over the quantised cache: ``query [S, Hq, D]`` → ``[S, Hq, D]``."""
+        raise NotImplementedError
+
+    def quant_copy(self, cache: torch.Tensor, block_mapping: torch.Tensor, spec: QuantSpec) -> None:
+        """Every ``[src, dst]`` row copies a whole block, every layer."""
+        raise NotImplementedError
+
+    def quant_swap(self, src_cache: torch.Tensor, src_spec: QuantSpec, dst_cache: torch.Tensor, dst_spec: QuantSpec,
+                   src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
+        """``dst[dst_ids[i]] = src[src_ids[i]]``, whole blocks, every layer."""
+        raise NotImplementedError
