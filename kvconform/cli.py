@@ -8,6 +8,7 @@
     kvconform verify-submission BUNDLE [--rerun N] [--public-key PEM]         (re-check a submission bundle; rerun N of its tests here)
     kvconform sign-submission BUNDLE --key PEM                                (a detached Ed25519 signature over SHA256SUMS; kvconform[sign])
     kvconform compat PRODUCER.json CONSUMER.json                              (KV-connector handshake check)
+    kvconform dashboard RESULTS… -o DIR                                       (a static site of many runs: grid, history, diffs, clauses)
     kvconform describe --backend NAME [--layout L] [--tp-size N] … [-o F]     (a backend's layout descriptors)
     kvconform backends [--all]                                                (the names --backend accepts)
 
@@ -72,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--caller-pytest-config", action="store_true",
                              help="run pytest in this directory with its pytest.ini/pyproject.toml and conftests "
                                   "(default: kvconform's own empty ini in a scratch directory)")
+    dashboard = sub.add_parser("dashboard", help="a static site of many runs: backends × families, history across versions, diffs, spec clauses (docs/DASHBOARD.md)")
+    dashboard.add_argument("inputs", nargs="+", metavar="RESULTS", help="results JSON files or certified bundle directories")
+    dashboard.add_argument("-o", "--output", required=True, metavar="DIR", help="the site's directory (replaced as a whole when it is a dashboard)")
     listing = sub.add_parser("backends", help="the backend names --backend accepts")
     listing.add_argument("--all", action="store_true", help="also the seeded-fault backends (mutant:NAME, fault:NAME) kvconform tests itself with")
     verify = sub.add_parser("verify-submission", help="re-check a submission bundle against this kvconform's must-pass list")
@@ -99,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         return list_backends(args.all)
     if args.command == "describe":
         return describe(args)
+    if args.command == "dashboard":
+        from kvconform.reports import dashboard as dashboard_site
+
+        return dashboard_site.run(args.inputs, args.output)
     from kvconform import isolation
 
     own = not args.caller_pytest_config
