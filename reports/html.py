@@ -29,14 +29,15 @@ def render_runs(documents: list[dict]) -> str:
     eq_columns, eq_cells = equivalence_matrix(documents) if any(r.get("digest") for r in records) else ([], {})
     table = interop.build(documents) if any(r.get("interop") for r in records) else None
     together = documents[0] if len(documents) == 1 else {"completion": results.merged(documents)}
+    coverage = build_coverage(documents)
     left_out = {name: why for d in documents for name, why in (results.of(d).get("backends_left_out") or {}).items()}
     return _ENV.get_template("report.html.j2").render(
         partial=results.headline(together), left_out=left_out, draw_summary=draw_summary,
         eq_columns=eq_columns if len(eq_columns) > 1 else [], eq_cells=eq_cells, interop=table,
         mutants=mutants, kill_families=families,
         runs=documents, matrix=build(documents), cell_text=cell_text, byte_map_svg=byte_map_svg,
-        verdict=results.verdict(documents), counts_text=results.counts_text, all_records=records,
+        verdict=results.verdict(documents, holes=len(coverage.holes)), counts_text=results.counts_text, all_records=records,
         failing=FAILING, stale=stale, total=len(records),
-        coverage=build_coverage(documents), size_classes=SIZE_CLASSES, value_classes=VALUE_CLASSES, is_fp8_label=is_fp8_label,
+        coverage=coverage, size_classes=SIZE_CLASSES, value_classes=VALUE_CLASSES, is_fp8_label=is_fp8_label,
         generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     )

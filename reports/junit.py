@@ -12,7 +12,9 @@ test case this rewrites:
 - ``<properties>``: ``kvc_outcome`` and every record field, structured ones (``failure``,
   ``not_applicable``) as JSON.
 
-The test suite gets a ``kvc_completion`` property (JSON) and one test case
+The test suite gets a ``kvc_verdict`` property (the run's verdict in the words of the terminal
+and HTML banner: ``NO NEW FAILURES — 9 known failures (baseline FILE); …``), a
+``kvc_completion`` property (JSON) and one test case
 ``kvconform.run / completion`` that passes only when the run completed: an interrupted or
 crashed run makes it an ``<error>``, a filtered one a ``<skipped>`` — a partial run is never
 all green on a dashboard.
@@ -29,6 +31,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from . import results
+from .coverage import build as build_coverage
 
 PROPERTIES = ("test_id", "backend", "family", "check", "platform", "arch", "run_platform", "layout", "geometry",
               "kv_cache_dtype", "model_dtype", "seed", "repro", "message", "not_applicable", "failure", "raised")
@@ -121,6 +124,7 @@ def annotate(xml_text: str, document: dict) -> str:
     root = ET.fromstring(xml_text)
     records = {r["nodeid"]: r for r in document["tests"]}
     records.update({xml_safe_text(nodeid): r for nodeid, r in records.items()})  # as pytest wrote a test id with ESC in it
+    word, why = results.verdict([document], holes=len(build_coverage([document]).holes))
     for suite in root.iter("testsuite"):
         for case in suite.findall("testcase"):
             test_id = next((p.get("value") for p in case.iter("property") if p.get("name") == "test_id"), None)
@@ -130,6 +134,7 @@ def annotate(xml_text: str, document: dict) -> str:
         if properties is None:
             properties = ET.Element("properties")
             suite.insert(0, properties)
+        ET.SubElement(properties, "property", name="kvc_verdict", value=f"{word} — {why}")
         ET.SubElement(properties, "property", name="kvc_completion", value=json.dumps(results.of(document), sort_keys=True))
         suite.append(_completion_case(document))
         cases = suite.findall("testcase")

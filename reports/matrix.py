@@ -199,6 +199,11 @@ class Matrix:
                 total.update(cell.counts)
         return total
 
+    def cells_with(self, outcome: str) -> list[tuple[str, str, Cell]]:
+        """(check, column, cell) of every cell holding a test of this outcome, in matrix order."""
+        return [(row, column, cell) for row in self.rows for column in self.columns
+                if (cell := self.cell(row, column)) and cell.counts[outcome]]
+
     def backend_specific_failures(self) -> list[tuple[str, str]]:
         """(check, column) where exactly one column fails among ≥ 2 that ran the check."""
         out = []

@@ -148,31 +148,50 @@ def merged(documents: list[dict]) -> dict:
     return {"complete": all(is_complete(d) for d in documents), "reasons": reasons}
 
 
-CONFORMS, DOES_NOT_CONFORM, PARTIAL = "CONFORMS", "DOES NOT CONFORM", "PARTIAL RUN"
+CONFORMS, NO_NEW_FAILURES, DOES_NOT_CONFORM, PARTIAL = "CONFORMS", "NO NEW FAILURES", "DOES NOT CONFORM", "PARTIAL RUN"
 
 
-def verdict(documents: list[dict]) -> tuple[str, str]:
-    """The run's verdict as a vendor's CI states it, and what decided it: ``(word, why)``.
+def _counted(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
-    PARTIAL RUN when a run did not complete (its checks are not all in); otherwise DOES NOT
-    CONFORM when any test failed, errored, crashed or timed out (a new failure: not in the
-    expectations), else CONFORMS — known failures, unexpected passes and stale entries named."""
+
+def baselines(documents: list[dict]) -> list[str]:
+    """The expectations files the runs were gated by (merged runs' too), in order."""
+    found = [env.get("expectations") for d in documents for env in [d["environment"], *d.get("merged_from", [])] if isinstance(env, dict)]
+    return list(dict.fromkeys(f for f in found if isinstance(f, str) and f))
+
+
+def verdict(documents: list[dict], holes: int) -> tuple[str, str]:
+    """The run's verdict as every output states it, and what decided it: ``(word, why)``.
+
+    PARTIAL RUN when a run did not complete (its checks are not all in); DOES NOT CONFORM when
+    any test failed, errored, crashed or timed out (a new failure: not in the expectations);
+    NO NEW FAILURES when the run fails on nothing new but the evidence is short of conformance:
+    known failures or checks skipped by an expectations file, or ``holes`` (declared
+    capabilities no case reached, or a declaration at odds with itself: reports/coverage.py);
+    CONFORMS only with none of those. What holds it short comes first in ``why``."""
     counts = Counter(r["outcome"] for d in documents for r in d["tests"])
     stale = sum(len(d.get("stale_expectations") or []) for d in documents)
     statuses = sorted({of(d).get("exit_status") for d in documents if of(d).get("exit_status") is not None})
     new = sum(counts[o] for o in FAILING)
-    why = [f"{new} new failure{'s' if new != 1 else ''}", f"{counts[EXPECTED_FAILURE]} known", f"{counts[UNEXPECTED_PASS]} unexpected pass{'es' if counts[UNEXPECTED_PASS] != 1 else ''}",
-           f"{stale} stale expectation{'s' if stale != 1 else ''}"]
+    known, skipped = counts[EXPECTED_FAILURE], counts[SKIPPED]
+    together = documents[0] if len(documents) == 1 else {"completion": merged(documents)}
+    holes = holes if is_complete(together) else 0  # a partial run's holes are the checks it did not run
+    baseline = f" (baseline {', '.join(baselines(documents))})" if baselines(documents) else ""
+    short = [_counted(known, "known failure") + baseline if known else "",
+             f"{_counted(skipped, 'check')} skipped by expectations" if skipped else "",
+             _counted(holes, "coverage hole") if holes else ""]
+    why = [*filter(None, short), _counted(new, "new failure"), _counted(counts[UNEXPECTED_PASS], "unexpected pass", "unexpected passes"),
+           _counted(stale, "stale expectation")]
     if statuses:
         why.append(f"exit status {', '.join(map(str, statuses))}")
-    together = documents[0] if len(documents) == 1 else {"completion": merged(documents)}
     if not is_complete(together):
         word = PARTIAL
         why.insert(0, reasons_text(together))
     elif new or any(r["kind"] == "nothing-compared" for d in documents for r in of(d).get("reasons", [])):
         word = DOES_NOT_CONFORM
     else:
-        word = CONFORMS
+        word = NO_NEW_FAILURES if any(short) else CONFORMS
     return word, "; ".join(why)
 
 

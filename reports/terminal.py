@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import interop, results
+from .coverage import build as build_coverage
 from .matrix import Cell, Matrix, build
 from .mutation import kill_rates
 from .results import FAILING
@@ -177,10 +178,10 @@ def _totals(documents: list[dict], columns: int) -> Text:
                          f"{f', {len(documents)} runs' if len(documents) > 1 else ''})")
 
 
-def _verdict_line(documents: list[dict]) -> Text:
-    word, why = results.verdict(documents)
-    style = {results.CONFORMS: "bold green", results.DOES_NOT_CONFORM: "bold red"}.get(word, "bold yellow")
-    return Text.assemble(("kvconform verdict: ", "bold"), (word, style), f" ({why})")
+def _verdict_line(verdict: tuple[str, str]) -> Text:
+    word, why = verdict
+    style = {results.CONFORMS: "bold green", results.DOES_NOT_CONFORM: "bold red"}.get(word, "bold yellow")  # amber: short of CONFORMS
+    return Text.assemble(("kvconform verdict: ", "bold"), (word, style), f" — {why}")
 
 
 def render(documents: list[dict], *, color: bool, width: int | None = None) -> str:
@@ -192,7 +193,8 @@ def render(documents: list[dict], *, color: bool, width: int | None = None) -> s
     console = Console(file=out, force_terminal=color, no_color=not color, width=width, highlight=False, emoji=False)
     document = documents[0] if len(documents) == 1 else {"completion": results.merged(documents)}
     warning = results.headline(document)
-    console.print(_verdict_line(documents))
+    verdict = results.verdict(documents, holes=len(build_coverage(documents).holes))
+    console.print(_verdict_line(verdict))
     if warning:
         console.print(Text(warning, style="bold yellow"))
     if not matrix.columns:
@@ -227,5 +229,5 @@ def render(documents: list[dict], *, color: bool, width: int | None = None) -> s
         interop.render_terminal(table, console)
     if warning:
         console.print(Text(warning, style="bold yellow"))
-    console.print(_verdict_line(documents))
+    console.print(_verdict_line(verdict))
     return out.getvalue()

@@ -370,7 +370,7 @@ def test_the_repro_line_reruns_the_failure_with_the_runs_profile_seed_standard_a
 def test_terminal_report_of_a_partial_run_is_never_all_green():
     doc = document(record(), complete=False)
     text = render([doc], color=False, width=80)
-    assert text.startswith("kvconform verdict: PARTIAL RUN (interrupted: SIGINT;")
+    assert text.startswith("kvconform verdict: PARTIAL RUN — interrupted: SIGINT;")
     assert "PARTIAL RUN (interrupted: SIGINT)" in " ".join(text.split("\n")[:5])
     legacy = copy.deepcopy(doc)
     del legacy["completion"]  # a file that does not say is not taken as complete

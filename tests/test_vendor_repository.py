@@ -113,6 +113,19 @@ def records(path: Path) -> list[dict]:
     return json.loads(path.read_text())["tests"]
 
 
+def assert_banner_names_the_baseline(stdout: str, *html: Path) -> None:
+    """The verdict of a baselined run counts its known failures and names the expectations file,
+    in the terminal and the HTML; it never says CONFORMS (#38: it said "CONFORMS — 0 new
+    failures; 9 known" in green). These runs are filtered (FAST), so the word is PARTIAL RUN;
+    tests/test_verdict_banner.py holds a complete one to NO NEW FAILURES."""
+    verdicts = [line for line in stdout.splitlines() if line.startswith("kvconform verdict: ")]
+    assert verdicts and all(re.search(r"; \d+ known failures? \(baseline \S*kvconform-expectations.txt\); 0 new failures;", v) for v in verdicts), verdicts
+    assert "CONFORMS" not in stdout
+    for page in html:
+        banner = page.read_text().split('<p id="verdict"')[1].split("</p>")[0]
+        assert "kvconform-expectations.txt)" in banner and "CONFORMS" not in banner, banner
+
+
 @pytest.fixture(scope="module")
 def vendor(tmp_path_factory):
     """ACME's repository with the kvconform wheel, as the workflow's install step installs it,
@@ -200,12 +213,13 @@ def test_torch_is_installed_first_then_kvconform_then_the_vendor_package(vendor)
 
 def test_the_workflow_gates_the_kit_from_inside_the_vendor_repository(vendor):
     before = tree(vendor.repo)
-    proc = in_repo(vendor, vendor.run_step, **vendor.workflow_env, **FAST)
+    proc = in_repo(vendor, vendor.run_step, **vendor.workflow_env, **FAST, COLUMNS="1000")  # the verdict on one line
     assert proc.returncode == 0, output(proc)[-4000:]
     out = vendor.repo / "kvconform-out"
     assert {"results.json", "results.html", "junit.xml"} <= {p.name for p in out.iterdir()}  # what the upload step uploads
     outcomes = {r["outcome"] for r in records(out / "results.json")}
     assert "expected-failure" in outcomes and "passed" in outcomes and "failed" not in outcomes
+    assert_banner_names_the_baseline(proc.stdout, out / "results.html")
     assert proc.stdout.count(OWN_SETUP) == 1
     assert VENDOR_CONFTEST_LOADED not in proc.stdout and "owns --backend" not in proc.stdout
     assert_writes_only_under(vendor.repo, before, "kvconform-out")
@@ -240,11 +254,12 @@ def test_the_plain_pytest_form_with_its_own_ini_rootdir_and_no_conftests(vendor)
 
 def test_kvconform_run_resolves_relative_paths_against_the_callers_directory(vendor):
     before = tree(vendor.repo)
-    proc = in_repo(vendor, vendor.blocks["run"], **FAST)
+    proc = in_repo(vendor, vendor.blocks["run"], **FAST, COLUMNS="1000")  # the verdict on one line
     assert proc.returncode == 0, output(proc)[-4000:]
     out = vendor.repo / "kvconform-run"
     assert (out / "acme.json").exists() and (out / "results.html").exists()
     assert "expected-failure" in {r["outcome"] for r in records(out / "results.json")}  # the relative expectations file was read
+    assert_banner_names_the_baseline(proc.stdout, out / "results.html", out / "acme.html")
     assert proc.stdout.count(OWN_SETUP) == 1
     assert_writes_only_under(vendor.repo, before, "kvconform-run")
 

@@ -188,6 +188,7 @@ def environment(run, backends: dict) -> dict:
         "device_name": torch.cuda.get_device_name() if options.device.startswith("cuda") else platform.processor() or "cpu",
         "run_platform": run_platform() if not options.device.startswith("cpu") else "cpu",
         "seed": options.seed, "profile": options.profile, "standard": options.standard,
+        "expectations": options.expectations,  # the baseline the verdict names (reports/results.py verdict)
         "backends": backends,
     }
 
