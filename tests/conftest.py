@@ -2,10 +2,13 @@
 suite runs against the real vLLM that several test modules read, and the subprocesses started
 as collection ends (tests/background.py)."""
 
+import atexit
 import os
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from kvconform.conformance.plugin import quiet_exit
 
 from . import background
 from .vllm_cpu import runs as vllm_cpu_runs
@@ -13,6 +16,7 @@ from .vllm_cpu import runs as vllm_cpu_runs
 settings.register_profile("quick", max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 settings.register_profile("full", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("KVCONFORM_TEST_PROFILE", "quick"))
+atexit.register(quiet_exit.drop_triton_leak_report)  # our own runs end with pytest's summary too, not Triton's leak report
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ The path of one verdict (docs/ARCHITECTURE.md):
 
 from __future__ import annotations
 
+import atexit
 import copy
 import inspect
 import sys
@@ -28,7 +29,7 @@ import pytest
 
 from kvconform.errors import InputError
 
-from . import collection, forked_workers, options, scheduling
+from . import collection, forked_workers, options, quiet_exit, scheduling
 from .session import ALIASES_LEFT, RUN, SuiteRun
 
 ENTRY_POINT = "kvconform"
@@ -79,6 +80,7 @@ def pytest_configure(config):
             raise pytest.UsageError(f"{', '.join(given)} given, but this run does not collect the kvconform suite; "
                                     "run it with: pytest --pyargs kvconform.conformance …")
         return
+    atexit.register(quiet_exit.drop_triton_leak_report)  # before the run imports torch and Triton: it runs after their handlers
     try:
         config.stash[RUN] = SuiteRun.start(config)
     except InputError as exc:  # the one place bad input becomes a usage error (exit 4)
