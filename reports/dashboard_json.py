@@ -21,7 +21,7 @@ def index(d: Dashboard) -> dict:
                   "complete": is_complete(run.document), "partial": headline(run.document),
                   "environment": {k: run.document["environment"].get(k) for k in ENVIRONMENT}} for run in d.runs],
         "entries": [_entry(e) for e in d.entries],
-        "grid": {platform: [e.id for e in rows] for platform, rows in d.grid.items()},
+        "grid": {platform: [e.id for one in rows for e in one.entries] for platform, rows in d.grid.items()},
         "series": [_series(s) for s in d.series],
         "clauses": {clause: {entry_id: {"verdict": cell.verdict, "counts": dict(cell.counts), "first_failure": cell.first_failure}
                              for entry_id, cell in cells.items()} for clause, cells in d.clauses.items()},

@@ -268,7 +268,7 @@ class Dashboard:
     entries: list[Entry]
     series: list[Series]
     families: list[str]
-    grid: dict[str, list[Entry]]  # platform -> its rows (entries), by backend then version
+    grid: dict[str, list[Series]]  # platform -> its backends, whose entries (oldest version first) are the grid's rows
     clauses: dict[str, dict[str, ClauseCell]]  # clause -> entry id -> cell
     test_keys: list[str]  # every test key of every entry, sorted: the index of data/tests.js
 
@@ -327,9 +327,9 @@ def build(runs: list[Run]) -> Dashboard:
         one.diffs = [diff(a, b) for a, b in zip(members, members[1:])]
         one.checks = check_history(members)
         series.append(one)
-    grid = defaultdict(list)  # per platform: backends by name (the series are sorted by column), each by version
+    grid = defaultdict(list)  # per platform: backends by name (the series are sorted by column)
     for one in series:
-        grid[one.platform].extend(one.entries)
+        grid[one.platform].append(one)
     families = sorted({f for e in entries for f in e.families}, key=family_key)
     return Dashboard(runs=runs, entries=[e for one in series for e in one.entries], series=series, families=families, grid=dict(sorted(grid.items())),
                      clauses=clauses(entries), test_keys=sorted({k for e in entries for k in e.by_key}))

@@ -87,7 +87,9 @@ def write_site(d: Dashboard, writer: Writer) -> None:
     writer.page("histories.html", "dashboard_histories.html.j2", d=d)
     writer.page("clauses.html", "dashboard_clauses.html.j2", d=d,
                 clause_rows=[(clause, [cells.get(s.latest.id) for s in d.series]) for clause, cells in d.clauses.items()])
-    writer.page("diff.html", "dashboard_picker.html.j2", d=d)
+    latest = next((one.diffs[-1] for one in d.series if one.diffs), None)  # shown first: a backend's last change
+    writer.page("diff.html", "dashboard_picker.html.j2", d=d,
+                pair=(latest.a.id, latest.b.id) if latest else (d.entries[0].id, d.entries[-1].id))
     for s in d.series:
         writer.page(s.page, "dashboard_history.html.j2", s=s, d=d, families=[f for f in d.families if any(f in e.families for e in s.entries)])
         for x in s.diffs:
@@ -111,7 +113,19 @@ def _entry_pages(writer: Writer, d: Dashboard, s: Series, i: int) -> None:
         if page:
             key = test_key(record["nodeid"], entry.backend)
             history = [(other, other.by_key.get(key)) for other in s.entries]
-            writer.page(page, "dashboard_detail.html.j2", e=entry, s=s, r=record, history=history)
+            writer.page(page, "dashboard_detail.html.j2", e=entry, s=s, r=record, history=history, since=_failing_since(history, i))
+
+
+def _failing_since(history: list[tuple[Entry, dict | None]], i: int) -> int | None:
+    """Where the test's failing streak that reaches run ``i`` began (None: it does not fail there)."""
+    def broken(j):
+        return history[j][1] is not None and history[j][1]["outcome"] in BROKEN
+
+    if not broken(i):
+        return None
+    while i > 0 and broken(i - 1):
+        i -= 1
+    return i
 
 
 def _checks(entry: Entry) -> dict[str, list]:
