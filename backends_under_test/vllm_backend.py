@@ -77,7 +77,12 @@ def adapter_for_name(name: str) -> Backend:
     if enum_name not in enum.__members__:
         raise ValueError(f"vllm:{name}: {enum_name!r} is not an AttentionBackendEnum member of vLLM {vllm.__version__}; known: {', '.join(enum.__members__)}")
     with shuffle_mode(shuffle):
-        cls = enum[enum_name].get_class()
+        try:
+            cls = enum[enum_name].get_class()
+        except ImportError as exc:  # a module of its own needs a package or extension absent here
+            raise BackendUnavailable(f"vLLM's {enum_name} cannot be imported here ({type(exc).__name__}: {exc})") from exc
+        except AssertionError as exc:  # CUTLASS_MLA asserts a CUDA torch at import
+            raise BackendUnavailable(f"vLLM's {enum_name} cannot be imported on this machine (its module asserts: {exc})") from exc
     return adapter_for(cls, name=enum_name, shuffle=shuffle)
 
 
@@ -85,6 +90,10 @@ def adapter_for(backend_cls, *, name: str | None = None, shuffle: bool = False) 
     """The adapter for the API this backend class exposes (0.33.0 or E1 era)."""
     vllm = import_vllm()
     name = name or backend_cls.get_name()
+    if _flag(backend_cls, "is_mla") and _has_module("vllm.v1.kv_cache_layout"):  # a latent cache (vllm_mla.py)
+        from .vllm_mla import VllmMLABackend
+
+        return VllmMLABackend(backend_cls, name, shuffle)
     # A class that states its own shape is E1-era (0.33.0 backends dropped get_kv_cache_shape).
     if hasattr(backend_cls, "get_kv_cache_shape"):
         _check_scope(backend_cls, name)
@@ -106,9 +115,6 @@ def _flag(backend_cls, name: str) -> bool:
 
 def _check_scope(backend_cls, name: str) -> None:
     """Backends that keep no K/V cache kvconform specifies are not applicable, not errors."""
-    if _flag(backend_cls, "is_mla"):
-        raise BackendOutOfScope(f"is vLLM's MLA backend {name}: one latent cache per block, no K and V planes; "
-                                "kvconform specifies K/V paged caches (SPEC.md §1)")
     if _flag(backend_cls, "is_sparse"):
         raise BackendOutOfScope(f"is vLLM's sparse-attention backend {name} (its validate_configuration rejects dense "
                                 "decoders); kvconform specifies dense K/V paged caches")

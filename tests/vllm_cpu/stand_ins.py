@@ -18,6 +18,8 @@ as optional or hardware-specific, never the code under test:
 - ``aiter.ops.triton.unified_attention``: ROCM_AITER_UNIFIED_ATTN's impl imports AITER's
   attention kernel in ``__init__``; the stand-in raises if the kernel is ever *called*, so
   only the cache-layout code (split, cache update) runs.
+- compute units: RocmPlatform.num_compute_units asks torch.cuda; without a device it answers the
+  simulated GPU's CU count (TRITON_MLA's impl sizes its decode splits by it).
 
 ``install()`` must run before vLLM is imported; it also sets the two environment variables
 the vLLM CPU recipe needs (no visible GPUs, Triton interpreter).
@@ -35,6 +37,7 @@ import types
 import torch
 
 GFX_ENV = "KVCONFORM_STANDIN_GFX"
+COMPUTE_UNITS = {"gfx942": 304, "gfx950": 256}  # MI300X, MI355X
 
 
 class AmdSmiException(Exception):
@@ -101,4 +104,7 @@ def install(arch: str | None = None) -> str:
         sys.modules["vllm._C_stable_libtorch"] = _empty("vllm._C_stable_libtorch", "kvconform CPU placeholder (CUDA extension)")
     torch_utils = importlib.import_module("vllm.utils.torch_utils")
     torch_utils.PIN_MEMORY = torch_utils.PIN_MEMORY and torch.cuda.is_available()
+    if not torch.cuda.is_available():  # the simulated device's CU count, which RocmPlatform asks torch.cuda for
+        rocm = importlib.import_module("vllm.platforms.rocm").RocmPlatform
+        rocm.num_compute_units = classmethod(lambda cls, device_id=0: COMPUTE_UNITS.get(arch, COMPUTE_UNITS["gfx942"]))
     return arch
