@@ -11,7 +11,7 @@ the only place these address formulas are written; every op below addresses byte
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -35,8 +35,8 @@ from .latent_records import (
 KINDS = ("mla", "fp8_ds_mla", "indexer")
 MLA_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 INDEXER_SCALE_FORMATS = ("float32", "ue8m0", "mx")
-MODEL_DTYPES = (torch.bfloat16, torch.float16)
-_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+MODEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # float32 on the plain MLA cache only (vLLM's DTYPES)
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 # Per kind: (kv_lora_rank, rope_dim, cache_dtype) a field left at None resolves to.
 _DEFAULTS = {"mla": (512, 64, "auto"), "fp8_ds_mla": (DS_MLA_RANK, DS_MLA_ROPE, "fp8_ds_mla"), "indexer": (128, 0, "fp8")}
 
@@ -61,8 +61,9 @@ class LatentFormat:
         for name, default in zip(("kv_lora_rank", "rope_dim", "cache_dtype"), _DEFAULTS[self.kind]):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)
-        if self.model_dtype not in MODEL_DTYPES:
-            raise ValueError(f"LatentFormat.model_dtype must be bfloat16 or float16, got {self.model_dtype}")
+        allowed = MODEL_DTYPES if self.kind == "mla" else MODEL_DTYPES[:2]
+        if self.model_dtype not in allowed:
+            raise ValueError(f"LatentFormat.model_dtype for {self.kind} must be one of {allowed}, got {self.model_dtype}")
         fp8_scale_divisor("0.33.0", self.platform, self.arch)  # validates platform
         getattr(self, f"_check_{self.kind}")()
 
@@ -418,6 +419,15 @@ def _sequence_tokens(geom: LatentGeometry, block_table, seq_lens) -> tuple[torch
     return blocks, position % geom.block_size, sequence
 
 
+def gather_records(region, geom: LatentGeometry, block_table, seq_lens, layer: int = 0) -> torch.Tensor:
+    """uint8 ``[sum(seq_lens), entry_bytes]``: each token's stored bytes, sequences one after another
+    (``cp_gather_cache``: a byte copy, no dequantisation). Not for the indexer (see :func:`gather_indexer`)."""
+    _check_kind(geom, "mla", "fp8_ds_mla", op="gather_records")
+    _check_region(region, geom)
+    blocks, rows, _ = _sequence_tokens(geom, block_table, seq_lens)
+    return region[record_offsets(geom, blocks, rows, layer)]
+
+
 def gather_latent(region, geom: LatentGeometry, block_table, seq_lens, *, scale=None, layer: int = 0) -> torch.Tensor:
     """``[sum(seq_lens), kv_lora_rank + rope_dim]`` in the model dtype, sequences one after another:
     plain auto the stored bits; plain fp8 ``round(float(code) · scale)`` (``gather_and_maybe_dequant_cache``);
@@ -425,8 +435,7 @@ def gather_latent(region, geom: LatentGeometry, block_table, seq_lens, *, scale=
     _check_kind(geom, "mla", "fp8_ds_mla", op="gather_latent")
     _check_region(region, geom)
     fmt = geom.fmt
-    blocks, rows, _ = _sequence_tokens(geom, block_table, seq_lens)
-    raw = region[record_offsets(geom, blocks, rows, layer)]
+    raw = gather_records(region, geom, block_table, seq_lens, layer)
     if fmt.kind == "fp8_ds_mla":
         return upconvert_ds_mla(raw, fmt.model_dtype, fmt.e4m3)
     stored = raw.view(fmt.storage_dtype())
@@ -575,11 +584,11 @@ def record_descriptor(fmt: LatentFormat) -> dict:
     }
 
 
-__all__ = [
+__all__ = [  # the record codecs of latent_records are part of this module's surface
     "KINDS", "MLA_CACHE_DTYPES", "INDEXER_SCALE_FORMATS", "ScalePolicy", "LatentFormat", "LatentGeometry",
     "field_widths", "field_offsets", "record_offsets", "coordinates_of", "encode_mla_entries",
     "concat_and_cache_mla", "concat_and_cache_ds_mla", "indexer_k_quant_and_cache", "concat_and_cache_mla_grouped",
-    "gather_latent", "gather_indexer", "dequantize_indexer", "mla_decode", "block_byte_ranges", "copy_latent_blocks",
-    "swap_latent_blocks", "replicated_block_sources", "record_descriptor", "ds_mla_records", "ds_mla_fields",
-    "upconvert_ds_mla", "indexer_quantize", "indexer_scales", "fp8_scale_divisor",
-]
+    "gather_records", "gather_latent", "gather_indexer", "dequantize_indexer", "mla_decode", "block_byte_ranges",
+    "copy_latent_blocks", "swap_latent_blocks", "replicated_block_sources", "record_descriptor", "ds_mla_records",
+    "ds_mla_fields", "upconvert_ds_mla", "indexer_quantize", "indexer_scales", "fp8_scale_divisor",
+]  # fmt: skip

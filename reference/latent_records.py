@@ -49,12 +49,12 @@ class ScalePolicy:
             raise ValueError(f"ScalePolicy.floor_applies_to must be 'scale' or 'amax', got {self.floor_applies_to!r}")
 
     @staticmethod
-    def ds_mla(version: str = "0.33.0", platform: str = "cuda", arch: str = "") -> "ScalePolicy":
+    def ds_mla(version: str = "0.33.0", platform: str = "cuda", arch: str = "") -> ScalePolicy:
         """``concat_and_cache_ds_mla_kernel`` (cache_kernels.cu:610-611): floor 1e-4 on the scale, power of two."""
         return ScalePolicy(fp8_scale_divisor(version, platform, arch), 1e-4, True, "scale")
 
     @staticmethod
-    def indexer(scale_format: str, platform: str = "cuda", arch: str = "") -> "ScalePolicy":
+    def indexer(scale_format: str, platform: str = "cuda", arch: str = "") -> ScalePolicy:
         """``indexer_k_quant_and_cache_kernel`` (cache_kernels.cu:681-685): floor 1e-4 on amax; UE8M0 and MX
         round up to a power of two (``use_ue8m0 = mxfp8 || ue8m0``, cache_kernels.cu:1961-1962)."""
         if scale_format not in ("float32", "ue8m0", "mx"):
@@ -114,8 +114,8 @@ def ds_mla_records(kv_c: torch.Tensor, k_pe: torch.Tensor, policy: ScalePolicy, 
     if k_pe.shape[1] == 0:
         rope = torch.zeros(T, 2 * DS_MLA_ROPE, dtype=torch.uint8)
     else:
-        rope = k_pe.contiguous().view(torch.uint8).reshape(T, 2 * DS_MLA_ROPE)
-    return torch.cat([nope, scales.contiguous().view(torch.uint8).reshape(T, 16), rope], dim=1)
+        rope = k_pe.contiguous().view(torch.uint8)
+    return torch.cat([nope, scales.contiguous().view(torch.uint8), rope], dim=1)
 
 
 def ds_mla_fields(records: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -140,14 +140,13 @@ def indexer_quantize(k: torch.Tensor, policy: ScalePolicy, scale_format: str, e4
     One scale per 128 values. ``float32``/``ue8m0``: the float32 scale's 4 bytes per group; ``mx``: the
     scale's biased exponent byte ``(bits >> 23) & 0xFF`` repeated for each 32 values (cache_kernels.cu:696-698).
     """
-    T, D = k.shape
     scales = policy.scales(group_amax(k, INDEXER_GROUP))
     codes = encode_groups(k, scales, INDEXER_GROUP, e4m3)
     if scale_format == "mx":
         exponent = ((scales.contiguous().view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
         scale_bytes = exponent.repeat_interleave(INDEXER_GROUP // MX_GROUP, dim=1)
     else:
-        scale_bytes = scales.contiguous().view(torch.uint8).reshape(T, -1)
+        scale_bytes = scales.contiguous().view(torch.uint8)
     return codes, scale_bytes
 
 
