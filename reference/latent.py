@@ -90,7 +90,7 @@ class LatentFormat:
         if self.scale_format not in INDEXER_SCALE_FORMATS:
             raise ValueError(f"indexer scale_format must be one of {INDEXER_SCALE_FORMATS}, got {self.scale_format!r}")
         if self.scale_format == "mx" and self.kv_lora_rank != INDEXER_GROUP:
-            raise ValueError(f"indexer mx scales need head dim {INDEXER_GROUP} (cache_kernels.cu:1964), got {self.kv_lora_rank}")
+            raise ValueError(f"indexer mx scales need head dim {INDEXER_GROUP} (cache_kernels.cu:1966-1967), got {self.kv_lora_rank}")
 
     @property
     def e4m3(self) -> fp8.Fp8Format:
@@ -352,8 +352,8 @@ def concat_and_cache_ds_mla(kv_c, k_pe, region, geom: LatentGeometry, slot_mappi
 
 def indexer_k_quant_and_cache(k, region, geom: LatentGeometry, slot_mapping, *, policy: ScalePolicy | None = None,
                               layer: int = 0) -> None:
-    """Quantise indexer keys ``k [T, D]`` into the per-block indexer cache (IDX-WRITE). Tokens are
-    ``k.shape[0]`` (vLLM reads ``k.size(0)``, cache_kernels.cu:1956); ``slot_mapping`` needs at least as many."""
+    """Quantise indexer keys ``k [T, D]`` into the per-block indexer cache (IDX-LAYOUT, IDX-SCALE, IDX-MX). Tokens are
+    ``k.shape[0]`` (vLLM reads ``k.size(0)``, cache_kernels.cu:1957); ``slot_mapping`` needs at least as many."""
     _check_kind(geom, "indexer", op="indexer_k_quant_and_cache")
     _check_region(region, geom)
     fmt = geom.fmt
@@ -381,7 +381,7 @@ def concat_and_cache_mla_grouped(kv_cs, k_pes, regions, geoms, slot_mappings, *,
     for g in geoms:
         _check_kind(g, "mla", op="concat_and_cache_mla_grouped")
     if L and geoms[0].fmt.model_dtype != torch.bfloat16:
-        raise ValueError("concat_and_cache_mla_grouped takes bfloat16 inputs only (cache_kernels.cu:1071)")
+        raise ValueError("concat_and_cache_mla_grouped takes bfloat16 inputs only (cache_kernels.cu:1070-1073)")
     fp8_cache = L and geoms[0].fmt.cache_dtype != "auto"
     if fp8_cache and (scales is None or torch.as_tensor(scales).numel() != L):
         raise ValueError(f"scales must hold one float32 scale per layer ({L}) for an fp8 cache")
@@ -397,7 +397,7 @@ def concat_and_cache_mla_grouped(kv_cs, k_pes, regions, geoms, slot_mappings, *,
 
 
 # ---------------------------------------------------------------------------------------------
-# Readers (LATENT-GATHER, DSMLA-UPCONVERT, IDX-GATHER, MLA-DECODE)
+# Readers (LATENT-GATHER, DSMLA-UPCONVERT, MLA-DECODE)
 
 def _sequence_tokens(geom: LatentGeometry, block_table, seq_lens) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(blocks, rows, sequence)`` of every token of every sequence, in order: token ``t`` of sequence
@@ -542,7 +542,7 @@ def swap_latent_blocks(src_region, src_geom: LatentGeometry, dst_region, dst_geo
 
 def replicated_block_sources(producer_tp: int, consumer_tp: int, consumer_rank: int, blocks: Sequence[int]) -> dict[int, int]:
     """Block → the one producer rank consumer ``d`` pulls it from: ``⌊d·P/D⌋`` for every block, for P > D
-    and P < D alike (NIXL ``compute_tp_mapping``, nixl/tp_mapping.py:107-116: the latent is replicated)."""
+    and P < D alike (NIXL ``compute_tp_mapping``, nixl/tp_mapping.py:104-117: the latent is replicated)."""
     for name, value in (("producer_tp", producer_tp), ("consumer_tp", consumer_tp)):
         if not _positive(value):
             raise ValueError(f"{name} must be a positive int, got {value!r}")

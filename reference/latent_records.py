@@ -56,7 +56,7 @@ class ScalePolicy:
     @staticmethod
     def indexer(scale_format: str, platform: str = "cuda", arch: str = "") -> ScalePolicy:
         """``indexer_k_quant_and_cache_kernel`` (cache_kernels.cu:681-685): floor 1e-4 on amax; UE8M0 and MX
-        round up to a power of two (``use_ue8m0 = mxfp8 || ue8m0``, cache_kernels.cu:1961-1962)."""
+        round up to a power of two (``use_ue8m0 = mxfp8 || ue8m0``, cache_kernels.cu:1963-1964)."""
         if scale_format not in ("float32", "ue8m0", "mx"):
             raise ValueError(f"scale_format must be one of float32, ue8m0, mx; got {scale_format!r}")
         return ScalePolicy(fp8_scale_divisor("0.33.0", platform, arch), 1e-4, scale_format != "float32", "amax")
@@ -138,7 +138,7 @@ def indexer_quantize(k: torch.Tensor, policy: ScalePolicy, scale_format: str, e4
     """``(codes [T, D] uint8, scale bytes [T, D/32] uint8)`` of indexer keys ``k [T, D]``.
 
     One scale per 128 values. ``float32``/``ue8m0``: the float32 scale's 4 bytes per group; ``mx``: the
-    scale's biased exponent byte ``(bits >> 23) & 0xFF`` repeated for each 32 values (cache_kernels.cu:696-698).
+    scale's biased exponent byte ``(bits >> 23) & 0xFF`` repeated for each 32 values (cache_kernels.cu:696-700).
     """
     scales = policy.scales(group_amax(k, INDEXER_GROUP))
     codes = encode_groups(k, scales, INDEXER_GROUP, e4m3)
