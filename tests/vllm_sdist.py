@@ -49,9 +49,19 @@ def sdist(cache_dir: Path) -> Path:
 
 
 def read_sources(path: Path, names: tuple[str, ...]) -> dict[str, str]:
-    """The text of each named file (relative to the sdist root)."""
-    with tarfile.open(path) as tar:
-        return {name: tar.extractfile(ROOT + name).read().decode() for name in names}
+    """The text of each named file (relative to the sdist root), read in one pass over the archive
+    (a member looked up by name rewinds the gzip stream: 13.7 s for three files, one pass ~4 s)."""
+    wanted = {ROOT + name: name for name in names}
+    found = {}
+    with tarfile.open(path, "r|gz") as tar:
+        for member in tar:
+            if member.name in wanted:
+                found[wanted[member.name]] = tar.extractfile(member).read().decode()
+                if len(found) == len(wanted):
+                    break
+    if len(found) != len(wanted):
+        unavailable(f"{path} lacks {sorted(set(names) - set(found))}")
+    return {name: found[name] for name in names}
 
 
 def definitions(source: str, *names: str) -> str:
