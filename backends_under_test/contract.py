@@ -211,6 +211,12 @@ class Backend(abc.ABC):
         float32 ``[1]`` (a plain fp8 cache stores ``x / scale``; ignored otherwise)."""
         raise NotImplementedError
 
+    def latent_grouped_write(self, per_layer_cache, kv_cs, k_pes, slot_mappings, specs, *, scales) -> None:
+        """``concat_and_cache_mla_grouped``: layer ``l`` writes ``kv_cs[l]``, ``k_pes[l]`` at
+        ``slot_mappings[l]`` into ``per_layer_cache[l]`` (each layer's own cache tensor, ``specs[l]``);
+        ``scales``: float32 ``[L]`` for an fp8 cache, None otherwise."""
+        raise NotImplementedError
+
     def indexer_write(self, cache, k, slot_mapping, spec: LatentSpec) -> None:
         """``indexer_k_quant_and_cache``: ``k [T, D]`` in the model dtype, quantised per token with the
         format's scale policy, values region then scales region per block."""

@@ -16,9 +16,9 @@ import typing
 if typing.TYPE_CHECKING:
     from kvconform.reference.latent import LatentFormat, LatentGeometry
 
-# What a latent backend may declare: its writers, gathers and decode, block copies and swaps, and
+# What a latent backend may declare: its writers (the grouped multi-layer one too), gathers and decode, block copies and swaps, and
 # for a connector the byte regions of whole blocks and the TP transfer plan of a replicated cache.
-LATENT_OPS = frozenset({"latent_write", "latent_gather", "latent_decode", "latent_copy", "latent_swap",
+LATENT_OPS = frozenset({"latent_write", "latent_grouped_write", "latent_gather", "latent_decode", "latent_copy", "latent_swap",
                         "indexer_write", "indexer_gather", "latent_regions", "latent_plan"})
 LATENT_KINDS = ("mla", "fp8_ds_mla", "indexer")
 
