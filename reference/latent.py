@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from . import fp8
+from .connector import paired_rank
 from .latent_records import (
     DS_MLA_RANK,
     DS_MLA_RECORD_BYTES,
@@ -416,6 +417,8 @@ def _sequence_tokens(geom: LatentGeometry, block_table, seq_lens) -> tuple[torch
     starts = torch.cumsum(seq_lens, 0) - seq_lens
     position = torch.arange(sequence.numel()) - starts[sequence]
     blocks = block_table.to(torch.int64)[sequence, position // geom.block_size]
+    if blocks.numel() and (int(blocks.min()) < 0 or int(blocks.max()) >= geom.num_blocks):
+        raise ValueError(f"block_table names blocks outside [0, {geom.num_blocks}) within seq_lens")
     return blocks, position % geom.block_size, sequence
 
 
@@ -548,7 +551,7 @@ def replicated_block_sources(producer_tp: int, consumer_tp: int, consumer_rank: 
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if not isinstance(consumer_rank, int) or not 0 <= consumer_rank < consumer_tp:
         raise ValueError(f"consumer_rank must be an int in [0, {consumer_tp}), got {consumer_rank!r}")
-    source = consumer_rank * producer_tp // consumer_tp
+    source = paired_rank(producer_tp, consumer_tp, consumer_rank)
     return {int(b): source for b in blocks}
 
 

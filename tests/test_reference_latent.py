@@ -285,6 +285,7 @@ GEOM = L.LatentGeometry(num_blocks=2, block_size=4, fmt=FORMATS["mla-32+8-fp8"])
     (lambda r: L.concat_and_cache_mla(torch.zeros(2, 32, dtype=torch.bfloat16), torch.zeros(2, 8, dtype=torch.bfloat16), r, GEOM, torch.tensor([0, 1]), scale=-1.0), "scale"),
     (lambda r: L.concat_and_cache_ds_mla(torch.zeros(1, 512), torch.zeros(1, 64), r, GEOM, torch.tensor([0])), "geom.fmt.kind"),
     (lambda r: L.gather_latent(r, GEOM, torch.tensor([[0]]), torch.tensor([5])), "seq_lens"),
+    (lambda r: L.gather_latent(r, GEOM, torch.tensor([[2]]), torch.tensor([3])), "block_table"),
     (lambda r: L.LatentFormat(kind="fp8_ds_mla", kv_lora_rank=256), "fp8_ds_mla needs kv_lora_rank"),
     (lambda r: L.LatentFormat(kind="indexer", scale_format="mx", kv_lora_rank=256), "mx"),
     (lambda r: L.replicated_block_sources(2, 4, 4, [0]), "consumer_rank"),

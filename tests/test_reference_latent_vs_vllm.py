@@ -130,7 +130,9 @@ def set_random_seed(seed):
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory):
     """vLLM's test code, one namespace, its imports replaced by the stand-ins above."""
-    sources = vllm_sdist.read_sources(vllm_sdist.sdist(tmp_path_factory.mktemp("vllm_sdist")), tuple(TAKEN))
+    cache = tmp_path_factory.getbasetemp() / "vllm_sdist"  # one download a session, whichever module asks first
+    cache.mkdir(exist_ok=True)
+    sources = vllm_sdist.read_sources(vllm_sdist.sdist(cache), tuple(TAKEN))
     text = "\n\n".join(vllm_sdist.definitions(sources[name], *names) for name, names in TAKEN.items())
     # The indexer tests allocate on "cuda" by a literal; the only edit made to vLLM's text.
     assert text.count('device = "cuda"') == 1
