@@ -200,7 +200,7 @@ def run(backends: list[str], pytest_args: list[str], out_dir: str, timeout: floa
     write_atomically(json_path, document_text(merged))
     write_atomically(html_path, render_runs(documents))
     kept = settle_previous(json_path, html_path, complete=results.is_complete(merged))  # a partial run never replaces a complete one
-    print(render(documents, color=sys.stdout.isatty()))
+    print(render(documents, color=sys.stdout.isatty(), failures=True))  # the children's pytest output is not shown
     if kept:
         print(f"kvconform: {json_path} held a complete run; kept it as {kept}")
     print(f"kvconform: results {json_path}\nkvconform: HTML report {html_path}")

@@ -148,10 +148,36 @@ def build(documents: list[dict], columns=None) -> Coverage:
     return coverage
 
 
+# kv_cache_dtype strings that name one format (reference/fp8.py cache_dtype_for): a backend that
+# takes one takes the other, and cases are keyed to one of them (the golden fp8 digests to "fp8").
+ALIASES = (("fp8", "fp8_e4m3"),)
+DECLARATION = "declaration"  # the family of a hole in the declaration itself
+
+
+def declaration_problems(facts: dict) -> list[str]:
+    """Where a backend's declaration is at odds with itself — an alias declared alone, a cache
+    dtype none of its layouts holds, an fp8 kv_cache_dtype and no op that writes a cache: each
+    leaves cases the backend claims silently not applicable (#38: ``fp8_e4m3`` without ``fp8``
+    made the e4m3 golden case not applicable and the run certifiable)."""
+    kv = facts.get("kv_cache_dtypes") or []
+    found = [f"declares kv_cache_dtype {one} without its alias {other} (both store the same fp8 format; "
+             f"the cases keyed to {other} do not run): declare both"
+             for pair in ALIASES for one, other in (pair, pair[::-1]) if one in kv and other not in kv]
+    held = {label for labels in (facts.get("layout_cache_dtypes") or {}).values() for label in labels}
+    if facts.get("layouts"):
+        found += [f"declares cache dtype {label}, which none of its layouts holds: no case can use it"
+                  for label in facts.get("cache_dtypes") or [] if label not in held]
+    fp8 = [k for k in kv if k != "auto"]
+    if fp8 and facts.get("ops") is not None and "write" not in facts["ops"]:
+        found.append(f"declares kv_cache_dtype {', '.join(fp8)} but not op write: no check can put a value in such a cache")
+    return found
+
+
 def holes_of(coverage: Coverage, column: str) -> list[Hole]:
-    """Each declared capability of ``column``'s backend that no case of a family it runs reached."""
+    """Each problem of ``column``'s declaration, then each declared capability that no case of a
+    family it runs reached."""
     facts = coverage.declared[column]
-    found = []
+    found = [Hole(column, DECLARATION, what) for what in declaration_problems(facts)]
     for family in sorted(coverage.families_run.get(column, ())):
         need = NEEDS.get(family)
         if need is None:

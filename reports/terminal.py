@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import interop, results
+from .coverage import DECLARATION
 from .coverage import build as build_coverage
 from .matrix import Cell, Matrix, build
 from .mutation import kill_rates
@@ -34,9 +35,10 @@ WORD = {"failed": "FAIL", "error": "ERROR", "crashed": "CRASH", "timeout": "TIME
 # Matrix cells: a count and a letter after it ("12F"), so ten families fit beside a 26-character
 # name in 80 columns and no cell reads as a layout standard ("E1").
 LETTER = {"failed": "F", "error": "E", "crashed": "C", "timeout": "T", "unexpected-pass": "X", "expected-failure": "x", "skipped": "s"}
-LEGEND = ("ok all passed · n/a not applicable · the worst outcome, counted: 3F failed · 3E error · 3C crashed · "
-          "3T timeout · 3x known failure · 3X unexpected pass · 3s skipped by expectations · blank: not run")
 NOT_PASSED = ("crashed", "timeout", "error", "failed", "unexpected-pass", "expected-failure", "skipped")
+# The symbols, not example counts (#38: "3C crashed" read as a count of this run's).
+LEGEND = ("ok all passed · n/a not applicable · otherwise the worst outcome, counted, then its symbol: "
+          + " · ".join(f"{LETTER[o]} {results.WORDS[o]}" for o in NOT_PASSED) + " · blank: not run")
 SHORT_FAMILY = {"equivalence": "equiv", "connector": "conn"}
 MIN_NAME = 20
 # What a terminal would act on: C0 controls but tab and newline, DEL, C1 controls, and the
@@ -170,6 +172,18 @@ def _not_passed(matrix: Matrix) -> list[Text]:
     return lines
 
 
+def _failure_blocks(documents: list[dict]) -> list[Text]:
+    """Each new failure as a plain run prints it: its test id, then its message — the property,
+    where the wrong bytes came from, the first differing elements and the repro line."""
+    blocks = []
+    for record in (r for d in documents for r in d["tests"] if r["outcome"] in FAILING):
+        message = record.get("message") or ""
+        repro = record.get("repro") or ""
+        blocks.append(Text.assemble((f"{WORD[record['outcome']]} ", STYLE[record["outcome"]]), (record["nodeid"], "bold"), "\n",
+                                    message, f"\n  repro: {repro}" if repro and repro not in message else ""))
+    return blocks
+
+
 def _totals(documents: list[dict], columns: int) -> Text:
     records = [r for d in documents for r in d["tests"]]
     bad = any(r["outcome"] in FAILING for r in records)
@@ -184,8 +198,10 @@ def _verdict_line(verdict: tuple[str, str]) -> Text:
     return Text.assemble(("kvconform verdict: ", "bold"), (word, style), f" — {why}")
 
 
-def render(documents: list[dict], *, color: bool, width: int | None = None) -> str:
-    """The report for one run, or several side by side; ``width`` defaults to the terminal's."""
+def render(documents: list[dict], *, color: bool, width: int | None = None, failures: bool = False) -> str:
+    """The report for one run, or several side by side; ``width`` defaults to the terminal's.
+    ``failures``: each new failure's block too (``kvconform run``, whose pytest processes' own
+    output is not shown; a plain run's pytest has printed them)."""
     width = width or shutil.get_terminal_size((80, 24)).columns
     documents = [_printable_data(document) for document in documents]
     matrix = build(documents)
@@ -193,10 +209,13 @@ def render(documents: list[dict], *, color: bool, width: int | None = None) -> s
     console = Console(file=out, force_terminal=color, no_color=not color, width=width, highlight=False, emoji=False)
     document = documents[0] if len(documents) == 1 else {"completion": results.merged(documents)}
     warning = results.headline(document)
-    verdict = results.verdict(documents, holes=len(build_coverage(documents).holes))
+    holes = build_coverage(documents).holes
+    verdict = results.verdict(documents, holes=len(holes))
     console.print(_verdict_line(verdict))
     if warning:
         console.print(Text(warning, style="bold yellow"))
+    for hole in (h for h in holes if h.family == DECLARATION):  # in every run, filtered or not: the declaration is the vendor's to fix
+        console.print(Text.assemble(("WARNING ", "bold yellow"), f"backend {hole.column} {hole.what}"))
     if not matrix.columns:
         console.print(Text("no kvconform test reached a verdict", style="bold yellow"))
         return out.getvalue()
@@ -209,6 +228,11 @@ def render(documents: list[dict], *, color: bool, width: int | None = None) -> s
         console.print(Text("\nNot passed (family, check, then each backend it did not pass on):", style="bold"))
         for line in not_passed:
             console.print(line)
+    blocks = _failure_blocks(documents) if failures else []
+    if blocks:
+        console.print(Text(f"\nNew failures ({len(blocks)}), each as its check reported it:", style="bold"))
+        for block in blocks:
+            console.print(block)
     mutants, families = kill_rates(documents) if results.any_mutant(documents) else ([], {})
     if mutants:
         console.print(Text("\nMutation kill rate (killed: a check of the family it targets failed; families that did not run are not counted):", style="bold"))
