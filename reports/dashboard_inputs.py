@@ -52,12 +52,14 @@ def _load_results(path: str, source: str, bundle_sha256: str | None) -> Run:
     except (json.JSONDecodeError, RecursionError) as exc:
         raise SchemaError(f"{path}: not a readable {WHAT} ({'nested too deeply' if isinstance(exc, RecursionError) else exc})") from exc
     check_schema(document, path)
-    seen = set()
-    for number, record in enumerate(document["tests"]):
-        key = (record["nodeid"], record.get("run_platform"))
-        if key in seen:
-            raise SchemaError(f"{path}: tests[{number}] repeats test {record['nodeid']!r} on {record.get('run_platform')}; a run has one record per test")
-        seen.add(key)
+    tests = document["tests"]
+    if len({(r["nodeid"], r.get("run_platform")) for r in tests}) != len(tests):
+        seen = set()
+        for number, record in enumerate(tests):
+            key = (record["nodeid"], record.get("run_platform"))
+            if key in seen:
+                raise SchemaError(f"{path}: tests[{number}] repeats test {record['nodeid']!r} on {key[1]}; a run has one record per test")
+            seen.add(key)
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
     return Run(id=f"r{digest[:12]}", source=source, document=document, bundle_sha256=bundle_sha256)
 

@@ -13,6 +13,7 @@ right); it *holds* when it passed (or passed unexpectedly).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import re
 from collections import Counter, defaultdict
@@ -63,9 +64,14 @@ def test_key(nodeid: str, backend: str) -> str:
     """The test id with its backend parameter written ``{backend}``: the same check with the
     same parameters on two backends has one key, so any two entries can be compared."""
     head, bracket, params = nodeid.partition("[")
-    if not bracket:
+    if not bracket or backend not in params:
         return nodeid
-    return head + bracket + re.sub(rf"(?<=[\[-]){re.escape(backend)}(?=[-\]])", "{backend}", "[" + params)[1:]
+    return head + bracket + _backend_parameter(backend).sub("{backend}", "[" + params)[1:]
+
+
+@functools.lru_cache(maxsize=None)
+def _backend_parameter(backend: str) -> re.Pattern:
+    return re.compile(rf"(?<=[\[-]){re.escape(backend)}(?=[-\]])")
 
 
 def worst(counts: Counter) -> str:
@@ -100,9 +106,12 @@ class Entry:
     version: str
     suite_version: str
     records: list[dict]
-    by_key: dict[str, dict] = dataclasses.field(default_factory=dict)
+    by_key: dict[str, dict] = dataclasses.field(default_factory=dict)  # test key -> record
+    check_counts: dict[str, Counter] = dataclasses.field(default_factory=dict)  # check -> its outcomes counted
     families: dict[str, Counter] = dataclasses.field(default_factory=dict)
     counts: Counter = dataclasses.field(default_factory=Counter)
+    check_family: dict[str, str] = dataclasses.field(default_factory=dict)
+    broken_checks: frozenset = frozenset()  # the checks with a failing test
     series: str = ""
 
     @property
@@ -163,26 +172,32 @@ class Diff:
 
 def diff(a: Entry, b: Entry) -> Diff:
     newly_failing, fixed, newly_na = [], [], []
-    still = running = added = removed = 0
-    for key in sorted(a.by_key.keys() | b.by_key.keys(), key=lambda k: (family_key((b.by_key.get(k) or a.by_key[k])["family"]), k)):
-        before, after = a.by_key.get(key), b.by_key.get(key)
-        change = Change(key, before, after)
+    still = running = 0
+    before_of, after_of = a.by_key, b.by_key
+    for key in before_of.keys() | after_of.keys():
+        before, after = before_of.get(key), after_of.get(key)
         was = before["outcome"] if before else None
         now = after["outcome"] if after else None
-        added += before is None
-        removed += after is None
+        if was == now:
+            still += was in BROKEN
+            continue
         if now in BROKEN:
             if was in BROKEN:
                 still += 1
             else:
-                newly_failing.append(change)
+                newly_failing.append(Change(key, before, after))
         elif was in BROKEN and now in HELD:
-            fixed.append(change)
-        if now == NOT_APPLICABLE and was not in (None, NOT_APPLICABLE):
-            newly_na.append(change)
-        elif was == NOT_APPLICABLE and now not in (None, NOT_APPLICABLE) and now not in BROKEN:
+            fixed.append(Change(key, before, after))
+        if now == NOT_APPLICABLE and was is not None:
+            newly_na.append(Change(key, before, after))
+        elif was == NOT_APPLICABLE and now is not None and now not in BROKEN:
             running += 1
-    return Diff(a, b, newly_failing, fixed, newly_na, still, running, added, removed)
+    added, removed = len(after_of.keys() - before_of.keys()), len(before_of.keys() - after_of.keys())
+    return Diff(a, b, *(sorted(changes, key=_change_order) for changes in (newly_failing, fixed, newly_na)), still, running, added, removed)
+
+
+def _change_order(change: Change):
+    return family_key((change.after or change.before)["family"]), change.key
 
 
 @dataclasses.dataclass
@@ -194,10 +209,6 @@ class CheckHistory:
     cells: list[Counter | None]
     marks: list[str]  # per entry: "regression", "fixed" or ""
     failing_since: int | None  # the entry where the failing streak that reaches the latest one began
-
-    def broken(self, i: int) -> bool:
-        cell = self.cells[i]
-        return bool(cell) and any(cell[o] for o in BROKEN)
 
 
 @dataclasses.dataclass
@@ -222,20 +233,12 @@ class Series:
 
 
 def check_history(entries: list[Entry]) -> list[CheckHistory]:
-    per_check: dict[str, list[Counter | None]] = {}
-    families = {}
-    for i, entry in enumerate(entries):
-        for record in entry.records:
-            cells = per_check.setdefault(record["check"], [None] * len(entries))
-            cells[i] = cells[i] or Counter()
-            cells[i][record["outcome"]] += 1
-            families[record["check"]] = record["family"]
     rows = []
-    for check, cells in per_check.items():
-        row = CheckHistory(check, families[check], cells, [""] * len(entries), None)
-        broken = [row.broken(i) for i in range(len(entries))]
-        if not any(broken):
-            continue
+    for check in set().union(*(e.broken_checks for e in entries)):
+        cells = [e.check_counts.get(check) for e in entries]
+        family = next(e.check_family[check] for e in entries if check in e.check_counts)
+        row = CheckHistory(check, family, cells, [""] * len(entries), None)
+        broken = [check in e.broken_checks for e in entries]
         for i in range(1, len(entries)):
             if broken[i] and not broken[i - 1]:
                 row.marks[i] = "regression"
@@ -290,9 +293,12 @@ def _facts(document: dict, backend: str) -> dict:
 
 
 def entries_of(run: Run) -> list[Entry]:
-    grouped: dict[tuple[str, str], list[dict]] = {}
+    where: dict[tuple, list[dict]] = {}  # what column_of reads -> records; one call of it per group
     for record in run.document["tests"]:
-        grouped.setdefault((record["backend"], column_of(record)), []).append(record)
+        where.setdefault((record["backend"], record.get("platform"), record.get("arch"), record.get("run_platform")), []).append(record)
+    grouped: dict[tuple[str, str], list[dict]] = {}
+    for records in where.values():
+        grouped.setdefault((records[0]["backend"], column_of(records[0])), []).extend(records)
     entries = []
     for (backend, column), records in grouped.items():
         env = _facts(run.document, backend)
@@ -303,10 +309,19 @@ def entries_of(run: Run) -> list[Entry]:
         entry = Entry(id=f"{run.id}-{slug(column, 40)}-{short_hash(column, length=6)}", run=run, backend=backend, platform=platform,
                       column=column, library=library, version=facts[library] if library != "kvconform" else suite, suite_version=suite,
                       records=records)
+        by_key, per_check, family_of = entry.by_key, entry.check_counts, entry.check_family
         for record in records:
-            entry.by_key[test_key(record["nodeid"], backend)] = record
-            entry.families.setdefault(record["family"], Counter())[record["outcome"]] += 1
-            entry.counts[record["outcome"]] += 1
+            by_key[test_key(record["nodeid"], backend)] = record
+            check = record["check"]
+            counts = per_check.get(check)
+            if counts is None:
+                counts = per_check[check] = Counter()
+                family_of[check] = record["family"]
+            counts[record["outcome"]] += 1
+        for check, counts in per_check.items():
+            entry.families.setdefault(family_of[check], Counter()).update(counts)
+            entry.counts.update(counts)
+        entry.broken_checks = frozenset(check for check, counts in per_check.items() if any(counts[o] for o in BROKEN))
         entries.append(entry)
     return entries
 
@@ -338,12 +353,15 @@ def build(runs: list[Run]) -> Dashboard:
 def clauses(entries: list[Entry]) -> dict[str, dict[str, ClauseCell]]:
     table: dict[str, dict[str, ClauseCell]] = defaultdict(dict)
     for entry in entries:
-        for record in sorted(entry.records, key=lambda r: r["nodeid"]):
+        first: dict[str, dict] = {}  # clause -> its failing record of the smallest test id
+        for record in entry.records:
             for clause in record.get("clauses") or ():
                 cell = table[clause].get(entry.id)
                 if cell is None:
                     cell = table[clause][entry.id] = ClauseCell(Counter(), None)
                 cell.counts[record["outcome"]] += 1
-                if cell.first_failure is None and record["outcome"] in BROKEN:
-                    cell.first_failure = entry.detail(record)
+                if record["outcome"] in BROKEN and (clause not in first or record["nodeid"] < first[clause]["nodeid"]):
+                    first[clause] = record
+        for clause, record in first.items():
+            table[clause][entry.id].first_failure = entry.detail(record)
     return {clause: table[clause] for clause in sorted(table, key=version_key)}

@@ -19,6 +19,7 @@ from collections import Counter
 
 from importlib.resources import files
 from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup, escape
 
 from .dashboard_model import BROKEN, CODE, Dashboard, Entry, Series, first_sentence, reason_text, slug, test_key, worst
 from .draws import summary as draw_summary
@@ -33,6 +34,22 @@ SHORT = {"passed": "pass", "failed": "fail", "error": "error", "crashed": "crash
          "unexpected-pass": "xpass", "skipped": "skip", "not-applicable": "n/a"}
 COUNT_ORDER = (PASSED, *(o for o in SEVERITY if o != PASSED))
 VERSION_KEYS = ("torch", "triton", "vllm", "aiter", "flashinfer", "lmcache", "cuda", "hip", "python", "triton_mode")
+
+
+MARK = {"regression": "▲ started failing", "fixed": "▼ fixed"}
+
+
+def verdict_cell(counts: Counter | None, href: str | None = None, mark: str = "") -> Markup:
+    """A table cell of outcomes: the worst as a symbol and a word, then every outcome counted;
+    striped when the run has no such test. (Python, not a Jinja macro: a run page has hundreds.)"""
+    marked = f'<span class="mark {escape(mark)}">{MARK[mark]}</span>' if mark else ""
+    if not counts:
+        return Markup(f'<td class="v empty" title="not in this run"><span class="counts">not in this run</span>{marked}</td>')
+    w = worst(counts)
+    inner = f'<span class="word">{SYMBOL[w]} {WORD[w]}</span><span class="counts">{short_counts(counts)}</span>{marked}'
+    if href:
+        inner = f'<a href="{escape(href)}">{inner}</a>'
+    return Markup(f'<td class="v o-{w}" data-outcome="{w}">{inner}</td>')
 
 
 def short_counts(counts: Counter) -> str:
@@ -50,7 +67,7 @@ def _environment() -> Environment:
         failing=FAILING, byte_map_svg=byte_map_svg, draw_summary=draw_summary,  # what test_detail.j2 reads
         symbol=SYMBOL, word=WORD, worst=worst, short_counts=short_counts, date=date, counts_text=counts_text,
         counts_text_of=lambda counts: short_counts(counts), first_sentence=first_sentence, reason_text=reason_text,
-        mark_text={"regression": "▲ started failing", "fixed": "▼ fixed"},
+        verdict_cell=verdict_cell,
         legend_order=("passed", "failed", "crashed", "expected-failure", "unexpected-pass", "not-applicable"),
     )
     return env
@@ -128,15 +145,22 @@ def _failing_since(history: list[tuple[Entry, dict | None]], i: int) -> int | No
     return i
 
 
-def _checks(entry: Entry) -> dict[str, list]:
-    """family -> (check, records, counts, records shown with a link, not-applicable reasons counted)."""
-    out: dict[str, list] = {}
+def _checks(entry: Entry) -> dict[str, tuple[list, Markup]]:
+    """family -> (a row per check that did not pass whole: (check, records, counts, records with a
+    detail page, not-applicable reasons counted); the checks whose every test passed, as one line)."""
+    rows: dict[str, list] = {}
+    passed: dict[str, list[str]] = {}
     for check, records in entry.checks().items():
+        family = records[0]["family"]
+        rows.setdefault(family, [])
         counts = Counter(r["outcome"] for r in records)
+        if counts[PASSED] == len(records):
+            passed.setdefault(family, []).append(f'<code id="check-{escape(slug(check))}">{escape(check)}</code>')
+            continue
         shown = [r for r in records if entry.detail(r)]
         reasons = Counter(reason_text(r) for r in records if r["outcome"] == NOT_APPLICABLE)
-        out.setdefault(records[0]["family"], []).append((check, records, counts, shown, sorted(reasons.items())))
-    return out
+        rows[family].append((check, records, counts, shown, sorted(reasons.items())))
+    return {family: (rows[family], Markup(", ".join(passed.get(family, [])))) for family in rows}
 
 
 def _browser_data(d: Dashboard, writer: Writer) -> None:

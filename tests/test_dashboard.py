@@ -182,8 +182,8 @@ def test_every_failure_has_its_detail_page_rendered_as_in_the_html_report(site, 
     assert re.search(r"Fails since <b>vllm 0.33.0</b>", since)
 
 
-def test_the_dashboards_families_are_the_suites(index):
-    assert dashboard_model.FAMILY_ORDER == FAMILIES
+def test_the_dashboard_orders_families_as_the_suite_does(index):
+    assert list(dashboard_model.FAMILY_ORDER) == [f for f in FAMILIES if f in dashboard_model.FAMILY_ORDER]  # a new family sorts after them
     assert index["families"] == ["shape", "write", "read"]
 
 
