@@ -15,6 +15,7 @@ import torch
 from kvconform.reference import compat
 from kvconform import reference as R
 
+from .latent_mutants import LATENT_MUTANTS
 from .reference_backend import ReferenceBackend, flat_storage, view_over
 
 
@@ -1193,3 +1194,4 @@ MUTANTS = {
     "connector_import_assumes_own_wire_layout": ConnectorImportAssumesOwnWireLayout,
     "fp8_e5m2_written_as_e4m3": E5m2CacheWrittenAsE4m3,
 }
+MUTANTS.update(LATENT_MUTANTS)  # latent caches (latent_mutants.py)

@@ -17,6 +17,7 @@ BUILTIN = {
     "reference_kv_first": "kvconform.backends_under_test.reference_backend:kv_first_model",
     "reference_e3": "kvconform.backends_under_test.reference_backend:e3_model",
     "reference_gfx942": "kvconform.backends_under_test.reference_backend:Gfx942Reference",
+    "reference_mla": "kvconform.backends_under_test.reference_mla:ReferenceMLA",
     "triton_flash": "kvconform.backends_under_test.triton_backends:TritonFlash",
     "triton_unified": "kvconform.backends_under_test.triton_backends:TritonUnified",
     "triton_aiter": "kvconform.backends_under_test.triton_backends:TritonAiter",
@@ -66,7 +67,7 @@ def registered() -> dict[str, str]:
     from .mutants import MUTANTS
 
     names = {**entry_points(), **BUILTIN, **AITER, **FLASHINFER, **LMCACHE}
-    names.update({MUTANT_PREFIX + m: f"kvconform.backends_under_test.mutants:{cls.__name__}" for m, cls in MUTANTS.items()})
+    names.update({MUTANT_PREFIX + m: f"{cls.__module__}:{cls.__name__}" for m, cls in MUTANTS.items()})
     names.update({FAULT_PREFIX + f: f"kvconform.backends_under_test.faults:{cls.__name__}" for f, cls in FAULTS.items()})
     return names
 

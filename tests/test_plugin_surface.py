@@ -15,7 +15,7 @@ from kvconform.conformance.plugin.collection import SuiteModule, suite_command
 
 from . import fork_server
 
-SWEEPS_AND_CASE = ("case", "cache_dtype", "fp8_cache_dtype", "size_class", "exported_digests", "peers")
+SWEEPS_AND_CASE = ("case", "cache_dtype", "fp8_cache_dtype", "size_class", "latent_format", "exported_digests", "peers")
 
 
 def suite(tmp_path, *args: str) -> subprocess.CompletedProcess:

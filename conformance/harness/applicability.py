@@ -34,7 +34,7 @@ from kvconform.backends_under_test.contract import CONNECTOR_OPS, Backend, OpUna
 from .facts import common_who
 
 DECLARATION, RUN, MACHINE = "declaration", "run", "machine"
-LAYOUT_KINDS = ("all", "tiled", "standard", "connector", "none")
+LAYOUT_KINDS = ("all", "tiled", "standard", "connector", "none", "latent")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +97,9 @@ def _selector(ctx, _):
 
 
 def _op(ctx, name):
-    return None if name in ctx.backend.capabilities.ops else ctx.backend.undeclared_op(name)
+    caps = ctx.backend.capabilities
+    declared = caps.ops | (caps.latent.ops if caps.latent else frozenset())
+    return None if name in declared else ctx.backend.undeclared_op(name)
 
 
 def _declared_standard(ctx, kind):
@@ -194,6 +196,15 @@ def _padding_slots(ctx, _):
     return "declares no padding slot (-1): its writer appends every row it is given"
 
 
+def _latent_padding_slots(ctx, _):
+    return None if ctx.backend.capabilities.latent.padding_slots else "declares no padding slot (-1) for its latent writers"
+
+
+def _latent_multi_layer(ctx, _):
+    layers = ctx.backend.capabilities.latent.num_layers
+    return None if max(layers) >= 2 else f"declares latent num_layers={layers} (a multi-layer case needs 2 or more)"
+
+
 def _connector_ops(ctx, _):
     # The descriptor and the interop row fall back on kvconform's defaults for what a backend
     # does not drive; with no connector op of its own they would judge those defaults.
@@ -214,6 +225,8 @@ NEEDS = {
     "multi_layer": (DECLARATION, _backend, _multi_layer),
     "connector_ops": (DECLARATION, _backend, _connector_ops),
     "padding_slots": (DECLARATION, _backend, _padding_slots),
+    "latent_padding_slots": (DECLARATION, _backend, _latent_padding_slots),
+    "latent_multi_layer": (DECLARATION, _backend, _latent_multi_layer),
     "declares_e1": (DECLARATION, _backend, lambda ctx, _: _declares_standard(ctx, "e1")),
     "declares_e3": (DECLARATION, _backend, lambda ctx, _: _declares_standard(ctx, "e3")),
     "cpu_platform": (DECLARATION, _backend, _cpu_platform),
@@ -224,7 +237,8 @@ NEEDS = {
     "gpu": (MACHINE, lambda ctx: "this machine", _gpu),
     "memory_2_31": (MACHINE, lambda ctx: "this machine", _memory_2_31),
 }
-FEATURES = ("fp8", "single_kv_head", "selector", "standard_e1", "standard_e3", "compare_digests", "gpu", "memory_2_31", "multi_layer", "connector_ops", "padding_slots")
+FEATURES = ("fp8", "single_kv_head", "selector", "standard_e1", "standard_e3", "compare_digests", "gpu", "memory_2_31", "multi_layer", "connector_ops", "padding_slots",
+            "latent_padding_slots", "latent_multi_layer")
 # A feature that is several needs: the backend's declaration is asked first, so a check that
 # cannot apply to what it declares is not applicable by declaration whatever the run or machine.
 _IMPLIED = {"standard_e1": ("declares_e1", "standard_e1"), "standard_e3": ("declares_e3", "standard_e3"), "gpu": ("cpu_platform", "gpu")}
@@ -280,6 +294,12 @@ def case_params(loaded, kind: str, standard: str) -> list[CaseParam]:
     if backend is None:
         return [CaseParam(loaded, None, unavailable_backend(loaded.name, loaded.unavailable, loaded.out_of_scope) if loaded.unavailable else None)]
     layouts = backend.capabilities.layouts
+    if kind == "latent":  # the latent checks sweep the declared record formats instead (sweeps.py)
+        if backend.capabilities.latent is None:
+            return [CaseParam(loaded, None, NotApplicable(DECLARATION, f"backend {backend.name}", "declares no latent cache (MLA, fp8_ds_mla, indexer)"))]
+        return [CaseParam(loaded, None)]
+    if not layouts:  # a latent-only backend: no K/V check applies to it
+        return [CaseParam(loaded, None, NotApplicable(DECLARATION, f"backend {backend.name}", "declares no K/V layout (latent caches only)"))]
     if kind == "none":
         return [CaseParam(loaded, None)]
     if kind == "connector":  # E1: every layout is the standard; E3: those a connector runs with

@@ -123,15 +123,48 @@ def declared(backend: Backend) -> dict:
     }
 
 
-SWEEPS = {"cache_dtype": cache_dtypes, "fp8_cache_dtype": fp8_cache_dtypes, "size_class": size_classes}
+@dataclasses.dataclass(frozen=True)
+class DeclaredLatentFormat:
+    """One latent record format the backend declares (``reference.latent.LatentFormat``)."""
+
+    fmt: object
+
+    @property
+    def id(self) -> str:
+        return self.fmt.label()
+
+
+# kvc_latent(*selectors): which declared formats a latent check runs on (all when not given).
+LATENT_SELECTORS = {
+    "mla": lambda f: f.kind == "mla",
+    "mla_fp8": lambda f: f.kind == "mla" and f.cache_dtype != "auto",
+    "fp8_ds_mla": lambda f: f.kind == "fp8_ds_mla",
+    "indexer": lambda f: f.kind == "indexer",
+}
+
+
+def latent_formats(backend: Backend, _layout=None, selectors=None) -> list[DeclaredLatentFormat]:
+    """The declared latent formats that match any of ``selectors`` (``LATENT_SELECTORS`` names)."""
+    latent = backend.capabilities.latent
+    if latent is None:
+        return []
+    unknown = set(selectors or ()) - set(LATENT_SELECTORS)
+    if unknown:
+        raise ValueError(f"kvc_latent: unknown {sorted(unknown)}; expected some of {sorted(LATENT_SELECTORS)}")
+    return [DeclaredLatentFormat(f) for f in latent.formats if not selectors or any(LATENT_SELECTORS[s](f) for s in selectors)]
+
+
+SWEEPS = {"cache_dtype": cache_dtypes, "fp8_cache_dtype": fp8_cache_dtypes, "size_class": size_classes, "latent_format": latent_formats}
 _NONE = {"cache_dtype": "declares no cache dtype", "fp8_cache_dtype": "declares no fp8 kv_cache_dtype",
-         "size_class": "declares no size class this layout holds (H=1, H=2, odd H/D/N sizes, L>=3)"}
+         "size_class": "declares no size class this layout holds (H=1, H=2, odd H/D/N sizes, L>=3)",
+         "latent_format": "declares no latent format of kind {}"}
 
 
-def expand(fixturenames, params: list[CaseParam]) -> tuple[list[str], list, list[str]]:
+def expand(fixturenames, params: list[CaseParam], latent_selectors=()) -> tuple[list[str], list, list[str]]:
     """``(argnames, values, ids)`` for ``metafunc.parametrize`` (indirect: the fixtures of
     fixtures.py hand the values to the check): each case times the values of the sweep the
-    check asks for, if any. A case with nothing to sweep carries the reason."""
+    check asks for, if any. A case with nothing to sweep carries the reason. The latent sweep
+    takes no layout; ``latent_selectors`` (``kvc_latent``) narrow it."""
     wanted = [name for name in SWEEPS if name in fixturenames]
     if not wanted:
         return ["case_param"], params, [p.id for p in params]
@@ -140,9 +173,13 @@ def expand(fixturenames, params: list[CaseParam]) -> tuple[list[str], list, list
     name = wanted[0]
     values, ids = [], []
     for param in params:
-        swept = SWEEPS[name](param.loaded.backend, param.layout) if param.reason is None and param.layout is not None else [None]
+        if param.reason is not None or (param.layout is None and name != "latent_format"):
+            swept = [None]
+        else:
+            swept = latent_formats(param.loaded.backend, None, latent_selectors) if name == "latent_format" else SWEEPS[name](param.loaded.backend, param.layout)
         if not swept:
-            param = dataclasses.replace(param, reason=NotApplicable(DECLARATION, f"backend {param.loaded.backend.name}", _NONE[name]))
+            what = _NONE[name].format(" or ".join(latent_selectors or ("any",)))
+            param = dataclasses.replace(param, reason=NotApplicable(DECLARATION, f"backend {param.loaded.backend.name}", what))
             swept = [None]
         for value in swept:
             values.append((param, value))

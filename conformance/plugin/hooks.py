@@ -45,6 +45,7 @@ def markers() -> tuple[str, ...]:
         "kvc_op(name): needs the backend to declare op NAME",
         f"kvc_layouts(kind): which declared layouts to run on: {' | '.join(LAYOUT_KINDS)}",
         f"kvc_needs(feature): needs {' | '.join(FEATURES)}",
+        "kvc_latent(*selectors): the declared latent formats a latent_format check runs on: mla | mla_fp8 | fp8_ds_mla | indexer",
         "kvc_clause(*ids): the spec clauses (docs/SPEC.md ids) this check verifies",
     )
 
@@ -147,7 +148,8 @@ def pytest_generate_tests(metafunc):
     marker = metafunc.definition.get_closest_marker("kvc_layouts")
     kind = marker.args[0] if marker else "all"
     params = [param for loaded in run.backends.values() for param in case_params(loaded, kind, run.options.standard)]
-    argnames, values, ids = expand(metafunc.fixturenames, params)
+    latent = metafunc.definition.get_closest_marker("kvc_latent")
+    argnames, values, ids = expand(metafunc.fixturenames, params, latent.args if latent else ())
     metafunc.parametrize(",".join(argnames), values, ids=ids, indirect=argnames)
 
 
@@ -208,6 +210,13 @@ def fp8_cache_dtype(request):
 def size_class(request):
     """One size class the backend's declared sizes reach on the layout: H = 1, H = 2, a head
     count, head size or block size that is not a power of two, three layers (harness/sweeps.py ``SizeClass``)."""
+    return request.param
+
+
+@pytest.fixture
+def latent_format(request):
+    """One latent record format the backend declares (MLA, fp8_ds_mla, indexer), narrowed by the
+    check's ``kvc_latent`` marker (harness/sweeps.py ``DeclaredLatentFormat``; ``.fmt`` the format)."""
     return request.param
 
 

@@ -1,0 +1,73 @@
+"""Golden digests of latent records (SPEC §17, equivalence): fixed inputs written into a zeroed cache
+of each record format, as the reference wrote them when the file was made. A backend's bytes must
+hash the same on every machine: the format's label names its fp8 variant (``-fnuz`` on gfx942,
+which also divides by 224), so one digest holds for every platform that writes that label.
+
+``latent_digests.json`` is kept beside this module; :func:`regenerate` writes it (run it only when
+the spec itself changes, and say why in the commit).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from kvconform import reference as R
+
+from .latent import LatentArena, default_scale, latent_rows, reference_write
+
+SCHEMA = "kvconform-latent-digests/1"
+PATH = Path(__file__).with_name("latent_digests.json")
+BLOCKS, BLOCK_SIZE, SEED = 4, 16, 20261204
+PLATFORMS = (("cuda", "sm90"), ("rocm", "gfx942"), ("rocm", "gfx950"))
+
+
+def golden_inputs(fmt):
+    """(rows, slot mapping) of the golden write: 2N - 3 tokens scattered over all blocks, one -1."""
+    tokens = 2 * BLOCK_SIZE - 3
+    slots = (torch.arange(tokens) * 7) % (BLOCKS * BLOCK_SIZE)
+    slots[5] = -1
+    return latent_rows(fmt, tokens, SEED, contiguous=True), slots
+
+
+def golden_geometry(fmt) -> R.latent.LatentGeometry:
+    return R.latent.LatentGeometry(num_blocks=BLOCKS, block_size=BLOCK_SIZE, fmt=fmt)
+
+
+def digest(region: torch.Tensor) -> str:
+    return hashlib.sha256(region.detach().cpu().numpy().tobytes()).hexdigest()
+
+
+def reference_bytes(fmt) -> torch.Tensor:
+    """The reference's golden cache of ``fmt`` (a zeroed cache, then the golden write)."""
+    from kvconform.backends_under_test.latent_contract import LatentSpec
+
+    spec = LatentSpec(geometry=golden_geometry(fmt))
+    arena = LatentArena(torch.zeros(spec.geometry.nbytes() + 512, dtype=torch.uint8), spec)
+    rows, slots = golden_inputs(fmt)
+    reference_write(arena, rows, slots, default_scale(fmt))
+    return arena.region
+
+
+def load() -> dict[str, str]:
+    document = json.loads(PATH.read_text())
+    if document.get("schema") != SCHEMA:
+        raise ValueError(f"{PATH}: schema {document.get('schema')!r}, expected {SCHEMA}")
+    return document["digests"]
+
+
+def regenerate() -> dict[str, str]:
+    """Digest every format reference_mla declares on each platform of ``PLATFORMS``; write the file."""
+    from kvconform.backends_under_test.reference_mla import latent_formats
+
+    digests = {}
+    for platform, arch in PLATFORMS:
+        for fmt in latent_formats(platform, arch):
+            value = digest(reference_bytes(fmt))
+            if digests.setdefault(fmt.label(), value) != value:
+                raise AssertionError(f"{fmt.label()} hashes differently on {platform}/{arch}: its label does not name its bytes")
+    PATH.write_text(json.dumps({"schema": SCHEMA, "geometry": f"B{BLOCKS} N{BLOCK_SIZE}", "seed": SEED, "digests": dict(sorted(digests.items()))}, indent=1) + "\n")
+    return digests
