@@ -269,3 +269,38 @@ def test_in_chromium_the_diff_picker_compares_two_runs_from_the_embedded_data(si
     assert re.search(r'id="diff-summary"[^>]*>1 newly failing · 1 fixed · 0 newly not applicable', dom)
     failing = dom.split("Newly failing (1)")[1].split("Fixed (1)")[0]
     assert "test_fp8_e5m2_cache_holds_e5m2_codes[{backend}-NHD-e5m2]" in failing and "fp8-format" in failing
+
+
+def test_names_from_a_results_file_are_text_not_markup(tmp_path):
+    evil = "<script>alert(1)</script>"
+    doc = document([record(evil, FP8, "NHD", "failed", clauses=("<b>X</b>",))], created=1, libraries={evil: {"vllm": "<i>0.1</i>"}})
+    d = dashboard.build([str(write(tmp_path / "evil.json", doc))], str(tmp_path / "site"))
+    for page in (tmp_path / "site").rglob("*.html"):
+        scripts = re.findall(r"<script[^>]*>", page.read_text())
+        assert set(scripts) <= {'<script src="dashboard.js">', '<script src="data/tests.js">'}, page
+        assert "<i>0.1</i>" not in page.read_text() and "<b>X</b>" not in page.read_text()
+    assert evil in " ".join(Page(tmp_path / "site" / d.entries[0].page).text)
+
+
+FIELD = Path(__file__).resolve().parents[1] / "docs" / "field"
+
+
+def field_results() -> list[Path]:
+    """The committed results of vLLM releases (issue 40): every results document under docs/field/."""
+    return sorted(p for p in FIELD.rglob("*.json") if '"schema": "kvconform-results/1"' in p.read_text(errors="replace")[:200])
+
+
+@needs_chromium
+def test_the_field_dashboard_builds_and_in_chromium_every_cell_links_to_a_page_that_exists(tmp_path):
+    results = field_results()
+    if not results:
+        pytest.skip("docs/field/ holds no results files yet")
+    out = tmp_path / "field"
+    assert kvconform_main(["dashboard", *map(str, results), "-o", str(out)]) == 0
+    dom, log = chromium((out / "index.html").as_uri())
+    assert [line for line in log.splitlines() if "CONSOLE" in line] == []
+    cells = re.findall(r'<td class="v [^"]*" data-outcome="[^"]*"><a href="([^"]+)"', dom)
+    assert cells
+    for href in cells:
+        path, _, fragment = href.partition("#")
+        assert (out / path).is_file() and (not fragment or fragment in Page(out / path).ids), href
