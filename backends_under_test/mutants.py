@@ -16,6 +16,7 @@ from kvconform.reference import compat
 from kvconform import reference as R
 
 from .latent_mutants import LATENT_MUTANTS
+from .quant_mutants import QUANT_MUTANTS
 from .reference_backend import ReferenceBackend, flat_storage, view_over
 
 
@@ -1195,3 +1196,4 @@ MUTANTS = {
     "fp8_e5m2_written_as_e4m3": E5m2CacheWrittenAsE4m3,
 }
 MUTANTS.update(LATENT_MUTANTS)  # latent caches (latent_mutants.py)
+MUTANTS.update(QUANT_MUTANTS)  # per-token-head quantised caches (quant_mutants.py)

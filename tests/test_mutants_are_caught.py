@@ -12,7 +12,7 @@ from .suite_runs import run_suite as run_suite_process
 CORRECT = {
     "reference": "e1", "reference_kv_first": "e1", "reference_e3": "e3",
     "triton_flash": "e1", "triton_aiter": "e1", "triton_unified": "e1", "triton_rocm_attn": "e1",
-    "reference_mla": "e1",
+    "reference_mla": "e1", "reference_quant": "e1",
 }
 
 

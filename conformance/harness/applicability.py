@@ -34,7 +34,7 @@ from kvconform.backends_under_test.contract import CONNECTOR_OPS, Backend, OpUna
 from .facts import common_who
 
 DECLARATION, RUN, MACHINE = "declaration", "run", "machine"
-LAYOUT_KINDS = ("all", "tiled", "standard", "connector", "none", "latent")
+LAYOUT_KINDS = ("all", "tiled", "standard", "connector", "none", "latent", "quant")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,6 +297,10 @@ def case_params(loaded, kind: str, standard: str) -> list[CaseParam]:
     if kind == "latent":  # the latent checks sweep the declared record formats instead (sweeps.py)
         if backend.capabilities.latent is None:
             return [CaseParam(loaded, None, NotApplicable(DECLARATION, f"backend {backend.name}", "declares no latent cache (MLA, fp8_ds_mla, indexer)"))]
+        return [CaseParam(loaded, None)]
+    if kind == "quant":  # the per-token-head checks parametrize their modes and orders themselves (harness/quant.py)
+        if backend.capabilities.quant is None:
+            return [CaseParam(loaded, None, NotApplicable(DECLARATION, f"backend {backend.name}", "declares no per-token-head quantised cache"))]
         return [CaseParam(loaded, None)]
     if not layouts:  # a latent-only backend: no K/V check applies to it
         return [CaseParam(loaded, None, NotApplicable(DECLARATION, f"backend {backend.name}", "declares no K/V layout (latent caches only)"))]

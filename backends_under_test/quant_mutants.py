@@ -1,0 +1,165 @@
+"""Seeded faults of per-token-head quantised caches: ``reference_quant`` with one step wrong each
+(issue 36; the field bugs of ../shared/spec/MLA_AND_QUANT_FACTS.md §4). Registered with the K/V
+mutants (``mutants.MUTANTS``): each must be caught by the families it names (``catches``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from kvconform.reference import quant_codecs as QC
+from kvconform.reference import quant_layouts as QL
+
+from .reference_quant import ReferenceQuant
+
+
+class QuantMutant(ReferenceQuant):
+    catches: tuple[str, ...] = ()  # check families that must fail
+    kills: tuple[str, ...] = ()  # checks that must fail (tests/test_mutants_are_caught.py)
+    suite_args: tuple[str, ...] = ()
+
+
+class ScaleViewFromShape(QuantMutant):
+    """Builds the scale views from the shape, as if every cache were contiguous HND, not from the
+    tensor's strides: an NHD cache gets its scales written into other heads' and slots' bytes."""
+
+    catches = ("write", "read")
+    kills = ("test_codes_and_scales_land_at_reference_offsets_and_nothing_else_changes",)
+
+    def scale_views(self, kv_cache):
+        B, H, N, C = kv_cache.shape
+        D = C // 2 - QL.SCALE_BYTES
+        f32 = torch.tensor([], dtype=torch.float32, device=kv_cache.device).set_(kv_cache.untyped_storage())
+        base = kv_cache.storage_offset() // 4
+        return tuple(torch.as_strided(f32, (B, N, H), (H * N * C // 4, C // 4, N * C // 4), base + off // 4) for off in (D, C // 2 + D))
+
+
+class ScalesResetAcrossLayers(QuantMutant):
+    """A layer's first use fills the scales of every layer of the allocation with 1.0 (scale views
+    built over the whole storage): layer 1 coming up resets what layer 0 wrote."""
+
+    catches = ("write",)
+    kills = ("test_a_layers_first_use_and_writes_leave_other_layers_untouched",)
+
+    def initialise_scales(self, cache, spec):
+        for layer in range(cache.shape[0]):
+            for view in self.scale_views(cache[layer]):
+                view.fill_(1.0)
+
+
+class VScaledWithKScale(QuantMutant):
+    """Quantises V with K's scale and stores K's scale for V."""
+
+    catches = ("write",)
+    kills = ("test_codes_and_scales_land_at_reference_offsets_and_nothing_else_changes",)
+
+    def encode(self, key, value, g):
+        (k_codes, k_scales), _ = super().encode(key, value, g)
+        y = value.float() * (1.0 / k_scales)[..., None]
+        if g.mode == "int8_per_token_head":
+            v_codes = torch.where(y >= 0, y + 0.5, y - 0.5).clamp(-128, 127).trunc().to(torch.int8).view(torch.uint8)
+        else:
+            qmax = QC.quant_max(g.mode, self.platform, self.arch())
+            v_codes = y.clamp(-qmax, qmax).to(QC.code_dtype(g.mode, self.platform, self.arch())).view(torch.uint8)
+        return (k_codes, k_scales), (v_codes, k_scales)
+
+
+class RoundHalfToEven(QuantMutant):
+    """int8 codes by ``torch.round`` (ties to even, as vLLM's test reference does) instead of the
+    kernel's +0.5 then truncation (ties away from zero)."""
+
+    catches = ("write",)
+    kills = ("test_edge_rows_encode_exactly",)
+
+    def encode(self, key, value, g):
+        if g.mode != "int8_per_token_head":
+            return super().encode(key, value, g)
+        out = []
+        for x in (key, value):
+            _, scales = QC.encode(x, g.mode)
+            y = x.float() * (1.0 / scales)[..., None]
+            out.append((y.round().clamp(-128, 127).to(torch.int8).view(torch.uint8), scales))
+        return tuple(out)
+
+
+class NoScaleFloor(QuantMutant):
+    """Omits the 1e-6 floor of the scale: an all-zero row gets scale 0 and NaN codes."""
+
+    catches = ("write",)
+    kills = ("test_edge_rows_encode_exactly",)
+
+    def encode(self, key, value, g):
+        (k_codes, k_scales), (v_codes, v_scales) = super().encode(key, value, g)
+        zero = lambda x: x.float().abs().amax(-1) == 0  # noqa: E731 - the rows the floor decided
+        return (k_codes, torch.where(zero(key), 0.0, k_scales)), (v_codes, torch.where(zero(value), 0.0, v_scales))
+
+
+class StridesSwapped(QuantMutant):
+    """Lays an HND cache out with NHD strides and an NHD cache with HND strides."""
+
+    catches = ("write",)
+    kills = ("test_codes_and_scales_land_at_reference_offsets_and_nothing_else_changes",)
+
+    def strides(self, g):
+        other = "NHD" if g.order == "HND" else "HND"
+        return dataclasses.replace(g, order=other).strides()
+
+
+class PaddingSlotWritten(QuantMutant):
+    """Treats slot -1 as the last slot of the cache (Python's negative index), codes and scales."""
+
+    catches = ("write",)
+    kills = ("test_padding_slots_leave_codes_and_scales_untouched",)
+
+    def valid_rows(self, slot_mapping):
+        return torch.arange(len(slot_mapping), device=slot_mapping.device)
+
+
+class DecodeIgnoresScales(QuantMutant):
+    """Decodes the codes as values, scale 1 (the per-token-head scale never applied to S and P)."""
+
+    catches = ("read",)
+    kills = ("test_decode_equals_sdpa_on_the_reference_dequantised_kv",)
+
+    def decode_values(self, codes, scales, g):
+        return super().decode_values(codes, torch.ones_like(scales), g)
+
+
+class CopyLeavesScales(QuantMutant):
+    """Copies a block's K and V codes but not their scales (the data views, not the page)."""
+
+    catches = ("copy",)
+    kills = ("test_copied_blocks_carry_codes_and_scales_in_every_layer",)
+
+    def quant_copy(self, cache, block_mapping, spec):
+        for layer in range(cache.shape[0]):
+            for view in self.data_views(cache[layer]):
+                for src, dst in block_mapping.tolist():
+                    view[dst] = view[src].clone()
+
+
+class SwapOneLayer(QuantMutant):
+    """Swaps the pages of layer ``spec.layer`` only: the other layers' codes and scales stay behind."""
+
+    catches = ("swap",)
+    kills = ("test_swapped_blocks_carry_codes_and_scales_in_every_layer",)
+
+    def quant_swap(self, src_cache, src_spec, dst_cache, dst_spec, src_ids, dst_ids):
+        layer = src_spec.layer
+        dst_cache[layer, dst_ids.to(dst_cache.device)] = src_cache[layer, src_ids.to(src_cache.device)].to(dst_cache.device)
+
+
+QUANT_MUTANTS = {
+    "quant_scale_view_from_shape": ScaleViewFromShape,
+    "quant_scales_reset_across_layers": ScalesResetAcrossLayers,
+    "quant_v_scaled_with_k_scale": VScaledWithKScale,
+    "quant_int8_round_half_to_even": RoundHalfToEven,
+    "quant_no_scale_floor": NoScaleFloor,
+    "quant_nhd_hnd_strides_swapped": StridesSwapped,
+    "quant_padding_slot_written": PaddingSlotWritten,
+    "quant_decode_ignores_scales": DecodeIgnoresScales,
+    "quant_copy_leaves_scales": CopyLeavesScales,
+    "quant_swap_one_layer": SwapOneLayer,
+}

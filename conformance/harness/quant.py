@@ -1,0 +1,144 @@
+"""What the per-token-head checks (SPEC §16) are written with: guarded arenas, the backend's op run
+beside reference/quant_codecs.py on twin arenas, and byte comparisons told in cell coordinates
+(layer, block, slot, head, field, byte).
+
+An arena is ``GUARD`` seeded random bytes, the cache, ``GUARD`` bytes; the backend builds its cache
+over the middle, the reference runs the same op on a CPU copy, and the whole arena is compared, so
+a byte written anywhere it should not be shows. The reference computes from copies of the inputs
+taken before the backend runs, and the inputs must still equal them afterwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from kvconform.backends_under_test.quant_contract import QuantSpec
+from kvconform.reference import quant_codecs as QC
+from kvconform.reference import quant_layouts as QL
+
+from .applicability import DECLARATION, NotApplicable, NotApplicableHere
+from .assertions import SHOWN, ConformanceFailure, a_finding
+from .case import GUARD, Case, random_bytes
+
+__tracebackhide__ = a_finding  # a failure shows from the check's line (assertions.a_finding)
+
+
+def declared(case: Case, op: str, mode: str, order: str):
+    """The backend's quant declaration; not applicable when it lacks ``op``, ``mode`` or ``order``."""
+    caps = case.backend.capabilities.quant
+    who = f"backend {case.backend.name}"
+    for lacks, what in ((caps is None, "declares no per-token-head quantised cache"),
+                        (caps is not None and op not in caps.ops, f"does not declare op '{op}'"),
+                        (caps is not None and mode not in caps.modes, f"does not declare kv_cache_dtype {mode}"),
+                        (caps is not None and order not in caps.orders, f"does not declare the {order} order for {mode}")):
+        if lacks:
+            raise NotApplicableHere(NotApplicable(DECLARATION, who, what))
+    return caps
+
+
+def quant_spec(case: Case, op: str, mode: str, order: str, *, num_blocks: int = 5, num_layers: int = 1, layer: int = 0,
+               num_kv_heads: int | None = None, head_size: int | None = None) -> QuantSpec:
+    """A small cache inside the declaration (first declared block size, head size, most heads)."""
+    caps = declared(case, op, mode, order)
+    if num_layers not in caps.num_layers:
+        raise NotApplicableHere(NotApplicable(DECLARATION, f"backend {case.backend.name}", f"declares quant num_layers={caps.num_layers}, not {num_layers}"))
+    g = QL.QuantGeometry(num_blocks=num_blocks, block_size=caps.block_sizes[0], num_kv_heads=num_kv_heads or max(caps.num_kv_heads),
+                         head_size=head_size or caps.head_sizes[0], mode=mode, order=order, num_layers=num_layers)
+    return QuantSpec(geometry=g, layer=layer)
+
+
+@dataclasses.dataclass
+class QuantArena:
+    buffer: torch.Tensor  # uint8: guard + cache + guard
+    spec: QuantSpec
+    cache: torch.Tensor | None = None  # the backend's (L, B, H, N, C)
+
+    @property
+    def region(self) -> torch.Tensor:
+        return self.buffer[GUARD : GUARD + self.spec.geometry.nbytes()]
+
+    def snapshot(self) -> torch.Tensor:
+        return self.buffer.detach().cpu().clone()
+
+
+def allocate(case: Case, spec: QuantSpec, seed_offset: int = 0) -> tuple[QuantArena, torch.Tensor]:
+    """A random-filled guarded arena with the backend's cache over its middle, and the expected
+    arena: the same bytes with layer ``spec.layer``'s scales initialised (PTH-SCALE-INIT)."""
+    gen = torch.Generator().manual_seed(case.seed + seed_offset)
+    buffer = random_bytes(2 * GUARD + spec.geometry.nbytes(), gen).to(case.device)
+    expected = buffer.cpu().clone()
+    arena = QuantArena(buffer, spec)
+    arena.cache = case.backend.quant_allocate(arena.region, spec)
+    QC.initialise_scales(region_of(expected, spec.geometry), spec.geometry, spec.layer)
+    return arena, expected
+
+
+def reallocate(case: Case, arena: QuantArena, expected: torch.Tensor, layer: int) -> None:
+    """The backend's first use of another layer of the same allocation (vLLM: another layer's impl)."""
+    arena.spec = dataclasses.replace(arena.spec, layer=layer)
+    arena.cache = case.backend.quant_allocate(arena.region, arena.spec)
+    QC.initialise_scales(region_of(expected, arena.spec.geometry), arena.spec.geometry, layer)
+
+
+def region_of(arena_bytes: torch.Tensor, g: QL.QuantGeometry) -> torch.Tensor:
+    """The cache bytes of an arena's bytes (a view: the reference writes into it)."""
+    return arena_bytes[GUARD : GUARD + g.nbytes()]
+
+
+def token_rows(spec: QuantSpec, tokens: int, seed: int, spread: float = 3.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Key and value ``[T, H, D]`` in the model dtype, as rows of one ``qkv`` tensor (row stride 3·H·D)."""
+    g = spec.geometry
+    gen = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(tokens, 3, g.num_kv_heads, g.head_size, generator=gen) * spread
+    _, key, value = qkv.to(spec.model_dtype).unbind(1)
+    return key, value
+
+
+def write_and_compare(case: Case, spec: QuantSpec, key, value, slot_mapping, note: str = "", arena=None, expected=None) -> tuple[QuantArena, torch.Tensor]:
+    """Backend write beside the reference's; the whole arena must equal the reference's."""
+    if arena is None:
+        arena, expected = allocate(case, spec)
+    pristine = [t.detach().cpu().clone() for t in (key, value, slot_mapping)]
+    QC.write(*pristine[:2], region_of(expected, spec.geometry), spec.geometry, pristine[2], layer=spec.layer)
+    dev = case.device
+    inputs = (key.to(dev), value.to(dev), slot_mapping.to(dev))
+    case.backend.quant_write(arena.cache, *inputs, spec)
+    assert_inputs_unchanged(case, "quant_write", inputs, pristine)
+    assert_arena_equal("quant write", case, expected, arena, note)
+    return arena, expected
+
+
+def assert_inputs_unchanged(case: Case, op: str, inputs, pristine) -> None:
+    for name, now, before in zip(("key", "value", "slot_mapping"), inputs, pristine):
+        if not torch.equal(now.cpu(), before):
+            raise ConformanceFailure(f"{op} changed its input {name}\n  repro: {case.repro}", {"property": "inputs unchanged", "argument": name})
+
+
+def assert_arena_equal(prop: str, case: Case, expected: torch.Tensor, arena: QuantArena, note: str = "") -> None:
+    """Every byte of the arena (guards, codes, scales) equals the reference's; a mismatch is told
+    in cell coordinates with the expected and actual bytes (scales also as float32)."""
+    actual = arena.snapshot()
+    differs = (expected != actual).nonzero().flatten()
+    if differs.numel() == 0:
+        return
+    g = arena.spec.geometry
+    lines = [f"{prop}: {differs.numel()} bytes differ from the reference ({g.short()}){': ' + note if note else ''}"]
+    for at in differs[:SHOWN].tolist():
+        where = QL.coordinates_of(g, at - GUARD) if GUARD <= at < GUARD + g.nbytes() else {"guard": "before" if at < GUARD else "after"}
+        lines.append(f"  {describe(where)}: expected 0x{int(expected[at]):02x}, actual 0x{int(actual[at]):02x}{scale_values(where, at, expected, actual)}")
+    lines.append(f"  repro: {case.repro}")
+    raise ConformanceFailure("\n".join(lines), {"property": prop, "differing_bytes": differs.numel()})
+
+
+def describe(where: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in where.items())
+
+
+def scale_values(where: dict, at: int, expected: torch.Tensor, actual: torch.Tensor) -> str:
+    if not where.get("field", "").endswith("scale"):
+        return ""
+    first = at - where["byte"]
+    want, got = (QC.scales_from_bytes(t[first : first + QL.SCALE_BYTES]).item() for t in (expected, actual))
+    return f" (scale {want!r} expected, {got!r} actual)"
