@@ -18,6 +18,7 @@ BUILTIN = {
     "reference_e3": "kvconform.backends_under_test.reference_backend:e3_model",
     "reference_gfx942": "kvconform.backends_under_test.reference_backend:Gfx942Reference",
     "reference_mla": "kvconform.backends_under_test.reference_mla:ReferenceMLA",
+    "reference_quant": "kvconform.backends_under_test.reference_quant:ReferenceQuant",
     "triton_flash": "kvconform.backends_under_test.triton_backends:TritonFlash",
     "triton_unified": "kvconform.backends_under_test.triton_backends:TritonUnified",
     "triton_aiter": "kvconform.backends_under_test.triton_backends:TritonAiter",

@@ -9,6 +9,7 @@ import pytest
 
 from kvconform.backends_under_test.latent_mutants import LATENT_MUTANTS
 from kvconform.backends_under_test.mutants import MUTANTS
+from kvconform.backends_under_test.quant_mutants import QUANT_MUTANTS
 from kvconform.conformance.harness.diagnosis import FAULTS
 
 from .suite_runs import run_suite
@@ -88,6 +89,9 @@ UNNAMED = {
 # moved), not in the K/V diagnosis' fault classes.
 UNNAMED.update({m: "a latent-cache fault: its failures are told by record, field and byte (harness/latent.py)"
                 for m in LATENT_MUTANTS if set(MUTANTS[m].catches) & BYTE_FAMILIES})
+# Per-token-head faults are told in cell coordinates by harness/quant.py (layer, block, slot, head, field, byte).
+UNNAMED.update({m: "a per-token-head cache fault: its failures are told by cell, field and byte (harness/quant.py)"
+                for m in QUANT_MUTANTS if set(MUTANTS[m].catches) & BYTE_FAMILIES})
 
 
 def test_every_mutant_of_a_byte_comparing_family_is_named_or_says_why_not():
