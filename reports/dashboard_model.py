@@ -22,8 +22,8 @@ from packaging.version import InvalidVersion, Version
 
 from .dashboard_inputs import Run
 from .matrix import column_of
-from .results import (CRASHED, ERROR, EXPECTED_FAILURE, FAILED, FAILING, NOT_APPLICABLE, PASSED, SEVERITY, SKIPPED, TIMEOUT,
-                      UNEXPECTED_PASS)
+from .results import (CRASHED, ERROR, EXPECTED_FAILURE, FAILED, FAILING, NOT_APPLICABLE, NOT_RUN, PASSED, SEVERITY, SKIPPED,
+                      TIMEOUT, UNEXPECTED_PASS)
 
 LIBRARIES = ("vllm", "aiter", "flashinfer", "lmcache")  # environment.backends.NAME keys an adapter records its library's version under
 # The suite's family order (conformance/plugin/collection.py FAMILIES; the reports library may not
@@ -75,7 +75,11 @@ def _backend_parameter(backend: str) -> re.Pattern:
 
 
 def worst(counts: Counter) -> str:
-    return next((o for o in SEVERITY if counts[o]), NOT_APPLICABLE)
+    """The outcome a cell of many tests shows: the worst of those that ran, so 37 passed and 3
+    not applicable read "pass" (both counted beside it); not applicable or skipped only when
+    nothing ran."""
+    ran = next((o for o in SEVERITY if counts[o] and o not in NOT_RUN), None)
+    return ran or next((o for o in SEVERITY if counts[o]), NOT_APPLICABLE)
 
 
 def first_sentence(record: dict) -> str:

@@ -40,7 +40,7 @@ MARK = {"regression": "▲ started failing", "fixed": "▼ fixed"}
 
 
 def verdict_cell(counts: Counter | None, href: str | None = None, mark: str = "") -> Markup:
-    """A table cell of outcomes: the worst as a symbol and a word, then every outcome counted;
+    """A table cell of outcomes: the worst that ran as a symbol and a word, then every outcome counted;
     striped when the run has no such test. (Python, not a Jinja macro: a run page has hundreds.)"""
     marked = f'<span class="mark {escape(mark)}">{MARK[mark]}</span>' if mark else ""
     if not counts:
