@@ -36,6 +36,9 @@ from .latent_records import (
 KINDS = ("mla", "fp8_ds_mla", "indexer")
 MLA_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 INDEXER_SCALE_FORMATS = ("float32", "ue8m0", "mx")
+# Indexer value regions: token rows (vLLM's CUDA op), or vLLM's ROCm Triton writer's 16-row x 16-byte tiles.
+INDEXER_LAYOUTS = ("rows", "shuffle")
+SHUFFLE_TILE = 16
 MODEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # float32 on the plain MLA cache only (vLLM's DTYPES)
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 # Per kind: (kv_lora_rank, rope_dim, cache_dtype) a field left at None resolves to.
@@ -52,6 +55,7 @@ class LatentFormat:
     rope_dim: int | None = None
     cache_dtype: str | None = None
     scale_format: str = "float32"
+    indexer_layout: str = "rows"
     model_dtype: torch.dtype = torch.bfloat16
     platform: str = "cpu"
     arch: str = ""
@@ -66,6 +70,8 @@ class LatentFormat:
         if self.model_dtype not in allowed:
             raise ValueError(f"LatentFormat.model_dtype for {self.kind} must be one of {allowed}, got {self.model_dtype}")
         fp8_scale_divisor("0.33.0", self.platform, self.arch)  # validates platform
+        if self.kind != "indexer" and self.indexer_layout != "rows":
+            raise ValueError(f"indexer_layout is for the indexer kind only, got {self.indexer_layout!r} on {self.kind}")
         getattr(self, f"_check_{self.kind}")()
 
     def _check_mla(self):
@@ -92,6 +98,14 @@ class LatentFormat:
             raise ValueError(f"indexer scale_format must be one of {INDEXER_SCALE_FORMATS}, got {self.scale_format!r}")
         if self.scale_format == "mx" and self.kv_lora_rank != INDEXER_GROUP:
             raise ValueError(f"indexer mx scales need head dim {INDEXER_GROUP} (cache_kernels.cu:1966-1967), got {self.kv_lora_rank}")
+        if self.indexer_layout not in INDEXER_LAYOUTS:
+            raise ValueError(f"indexer_layout must be one of {INDEXER_LAYOUTS}, got {self.indexer_layout!r}")
+        if self.indexer_layout == "shuffle" and self.kv_lora_rank != INDEXER_GROUP:
+            raise ValueError(f"indexer_layout 'shuffle' (vLLM's ROCm Triton writer: one scale per row) needs head dim "
+                             f"{INDEXER_GROUP}, got {self.kv_lora_rank}")
+        if self.indexer_layout == "shuffle" and self.scale_format == "mx":
+            raise ValueError("indexer_layout 'shuffle' (vLLM's ROCm Triton writer) has no mx scales "
+                             "(rocm_aiter_mla_sparse.py:212 rounds for 'ue8m0' only)")
 
     @property
     def e4m3(self) -> fp8.Fp8Format:
@@ -121,7 +135,8 @@ class LatentFormat:
         dt = _DTYPE_NAMES[self.model_dtype]
         fnuz = "-fnuz" if self.e4m3.name == "float8_e4m3fnuz" and self.cache_dtype != "fp8_e5m2" else ""
         if self.kind == "indexer":
-            return f"indexer-{self.kv_lora_rank}-{self.scale_format}{fnuz}"
+            shuffle = "-shuffle" if self.indexer_layout == "shuffle" else ""
+            return f"indexer-{self.kv_lora_rank}-{self.scale_format}{fnuz}{shuffle}"
         if self.kind == "fp8_ds_mla":
             return f"fp8_ds_mla-{dt}{fnuz}"
         size = "576" if (self.kv_lora_rank, self.rope_dim) == (512, 64) else f"{self.kv_lora_rank}+{self.rope_dim}"
@@ -145,6 +160,14 @@ class LatentGeometry:
                 raise ValueError(f"LatentGeometry.{name} must be a positive int, got {getattr(self, name)!r}")
         if not isinstance(self.fmt, LatentFormat):
             raise ValueError(f"LatentGeometry.fmt must be a LatentFormat, got {type(self.fmt).__name__}")
+        if self.fmt.indexer_layout == "shuffle" and self.block_size > 1 and self.block_size % SHUFFLE_TILE:
+            raise ValueError(f"LatentGeometry.block_size must be 1 or a multiple of {SHUFFLE_TILE} for shuffled indexer "
+                             f"values, got {self.block_size}")
+
+    def shuffled(self) -> bool:
+        """Indexer values in 16x16 tiles: vLLM's ROCm writer shuffles when ``N > 1``
+        (rocm_aiter_mla_sparse.py:196, ``layout = "NORMAL" if block_size == 1 else "SHUFFLE"``)."""
+        return self.fmt.indexer_layout == "shuffle" and self.block_size > 1
 
     def block_bytes(self) -> int:
         """One block of one layer: ``N · entry_bytes`` (contiguous in every format)."""
@@ -186,8 +209,9 @@ def field_offsets(geom: LatentGeometry, blocks, rows, layer: int = 0) -> dict[st
     """Byte offsets into the region of every byte of each field of tokens ``(blocks[i], rows[i])``.
 
     Per token, ``base = layer·B·block_bytes + block·block_bytes``. Plain and ds_mla: field bytes at
-    ``base + row·entry_bytes + field_start + j``. Indexer: values at ``base + row·D + j``, scales at
-    ``base + N·D + row·D/32 + j``. Returns ``{field: int64 [n, width]}``.
+    ``base + row·entry_bytes + field_start + j``. Indexer: values at ``base + row·D + j`` (shuffled:
+    ``base + (row//16)·16·D + (j//16)·256 + (row%16)·16 + j%16``), scales at ``base + N·D + row·D/32 + j``.
+    Returns ``{field: int64 [n, width]}``.
     """
     blocks, rows = _token_coords(geom, blocks, rows)
     _check_layer(geom, layer)
@@ -196,9 +220,13 @@ def field_offsets(geom: LatentGeometry, blocks, rows, layer: int = 0) -> dict[st
     if geom.fmt.kind == "indexer":
         D = geom.fmt.kv_lora_rank
         widths = field_widths(geom.fmt)
-        starts = {"values": base + rows * D, "scales": base + geom.block_size * D + rows * widths["scales"]}
-        for name, width in widths.items():
-            out[name] = starts[name][:, None] + torch.arange(width)
+        d, t = torch.arange(D), SHUFFLE_TILE
+        if geom.shuffled():
+            out["values"] = (base + rows // t * t * D + rows % t * t)[:, None] + d // t * t * t + d % t
+        else:
+            out["values"] = (base + rows * D)[:, None] + d
+        scales = base + geom.block_size * D + rows * widths["scales"]
+        out["scales"] = scales[:, None] + torch.arange(widths["scales"])
         return out
     start = base + rows * geom.fmt.entry_bytes()
     for name, width in field_widths(geom.fmt).items():
@@ -225,8 +253,14 @@ def coordinates_of(geom: LatentGeometry, byte_offsets) -> dict:
         values_end = geom.block_size * geom.fmt.kv_lora_rank
         in_values = inner < values_end
         scale_inner = inner - values_end
-        row = torch.where(in_values, inner // widths["values"], scale_inner // widths["scales"])
-        byte = torch.where(in_values, inner % widths["values"], scale_inner % widths["scales"])
+        value_row, value_byte = inner // widths["values"], inner % widths["values"]
+        if geom.shuffled():
+            t = SHUFFLE_TILE
+            in_tile = inner % (t * geom.fmt.kv_lora_rank)
+            value_row = inner // (t * geom.fmt.kv_lora_rank) * t + in_tile % (t * t) // t
+            value_byte = in_tile // (t * t) * t + in_tile % t
+        row = torch.where(in_values, value_row, scale_inner // widths["scales"])
+        byte = torch.where(in_values, value_byte, scale_inner % widths["scales"])
         field = ["values" if v else "scales" for v in in_values.tolist()]
         return {"layer": layer, "block": block, "row": row, "field": field, "byte": byte}
     row, in_record = inner // geom.fmt.entry_bytes(), inner % geom.fmt.entry_bytes()
@@ -583,12 +617,13 @@ def record_descriptor(fmt: LatentFormat) -> dict:
         "scale": _SCALE_GRANULARITY[fmt.kind] if fp8_variant else None,
         "scale_policy": dataclasses.asdict(policy) if policy else None,
         "scale_format": fmt.scale_format if fmt.kind == "indexer" else None,
-        "block_layout": "values-then-scales" if fmt.kind == "indexer" else "per-token",
+        "block_layout": {"rows": "values-then-scales", "shuffle": "16x16-tiled-values-then-scales"}[fmt.indexer_layout]
+        if fmt.kind == "indexer" else "per-token",
     }
 
 
 __all__ = [  # the record codecs of latent_records are part of this module's surface
-    "KINDS", "MLA_CACHE_DTYPES", "INDEXER_SCALE_FORMATS", "ScalePolicy", "LatentFormat", "LatentGeometry",
+    "KINDS", "MLA_CACHE_DTYPES", "INDEXER_SCALE_FORMATS", "INDEXER_LAYOUTS", "ScalePolicy", "LatentFormat", "LatentGeometry",
     "field_widths", "field_offsets", "record_offsets", "coordinates_of", "encode_mla_entries",
     "concat_and_cache_mla", "concat_and_cache_ds_mla", "indexer_k_quant_and_cache", "concat_and_cache_mla_grouped",
     "gather_records", "gather_latent", "gather_indexer", "dequantize_indexer", "mla_decode", "block_byte_ranges",

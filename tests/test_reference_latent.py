@@ -27,6 +27,7 @@ FORMATS = {
         L.LatentFormat(kind="indexer", scale_format="ue8m0", platform="rocm", arch="gfx942"),
         L.LatentFormat(kind="indexer", scale_format="mx"),
         L.LatentFormat(kind="indexer", kv_lora_rank=256, scale_format="ue8m0"),
+        L.LatentFormat(kind="indexer", platform="rocm", arch="gfx942", indexer_layout="shuffle"),
     )
 }
 
@@ -82,7 +83,11 @@ def oracle_token_offsets(geom, layer, block, row) -> list[int]:
     if geom.fmt.kind != "indexer":
         return [base + row * W + j for j in range(W)]
     D = geom.fmt.kv_lora_rank
-    return [base + row * D + j for j in range(D)] + [base + N * D + row * (D // 32) + j for j in range(D // 32)]
+    if geom.fmt.indexer_layout == "shuffle" and N > 1:  # 16 rows x 16 bytes per tile, tiles row-group-major
+        values = [base + (row // 16) * 16 * D + (j // 16) * 256 + (row % 16) * 16 + j % 16 for j in range(D)]
+    else:
+        values = [base + row * D + j for j in range(D)]
+    return values + [base + N * D + row * (D // 32) + j for j in range(D // 32)]
 
 
 def inputs(fmt, tokens, extra=0, seed=0, magnitude=3.0):
@@ -101,10 +106,14 @@ def write(fmt, geom, region, kv_c, k_pe, slots, layer=0, scale=0.25):
         L.indexer_k_quant_and_cache(kv_c[:slots.numel()], region, geom, slots, layer=layer)
 
 
+def block_sizes(fmt):
+    return [1, 16, 32] if fmt.indexer_layout == "shuffle" else [1, 2, 16]  # shuffled tiles hold 16 rows
+
+
 @st.composite
 def cases(draw, formats=tuple(FORMATS)):
     fmt = FORMATS[draw(st.sampled_from(formats), label="format")]
-    geom = L.LatentGeometry(num_blocks=draw(st.integers(1, 3)), block_size=draw(st.sampled_from([1, 2, 16])), fmt=fmt,
+    geom = L.LatentGeometry(num_blocks=draw(st.integers(1, 3)), block_size=draw(st.sampled_from(block_sizes(fmt))), fmt=fmt,
                             num_layers=draw(st.integers(1, 2)))
     capacity = geom.num_blocks * geom.block_size
     slots = draw(st.lists(st.integers(0, capacity - 1), unique=True, min_size=1, max_size=min(3, capacity)), label="slots")

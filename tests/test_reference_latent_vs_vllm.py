@@ -8,7 +8,10 @@ is stood in for by ``kvconform.reference.fp8`` (itself held against the bit-fiel
 tests/test_fp8.py); it only converts elements, the layouts and scales compared are vLLM's.
 """
 
+import os
 import random
+import subprocess
+import sys
 import types
 
 import pytest
@@ -31,6 +34,27 @@ TAKEN = {
     INDEXER_TESTS: ("_ue8m0_reference", "test_indexer_quant_cache_roundtrip"),
 }
 E4M3 = "float8_e4m3fn"  # CUDA's e4m3, the platform vLLM's tests run on
+ROCM_OPS = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
+# vLLM's ROCm Triton indexer writer, run from the command line in a process that imports Triton under
+# TRITON_INTERPRET=1 on a CPU. FP8_DTYPE is the ROCm build's fp8 (e4m3fnuz on gfx942, e4m3fn on gfx950).
+ROCM_DRIVER = '''
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+FP8_DTYPE = None
+
+{definitions}
+
+if __name__ == "__main__":
+    cases = torch.load(sys.argv[1])
+    for case in cases.values():
+        FP8_DTYPE = getattr(torch, case["fp8"])
+        indexer_k_quant_and_cache_triton(case["k"], case["cache"], case["slots"], 128, case["scale_fmt"])
+    torch.save(cases, sys.argv[2])
+'''
 
 
 class AnyOp:
@@ -236,3 +260,61 @@ def test_vllm_ue8m0_reference_equals_our_indexer_codes_and_scales(vllm):
 def test_vllm_indexer_round_trip_test_holds_our_indexer_write_and_gather(vllm, scale_fmt):
     torch.manual_seed(0)
     vllm.test_indexer_quant_cache_roundtrip(num_tokens=17, block_size=16, scale_fmt=scale_fmt)
+
+
+ROCM_CASES = [("float8_e4m3fnuz", "ue8m0", "bfloat16"), ("float8_e4m3fnuz", "float32", "float16"),
+              ("float8_e4m3fn", "ue8m0", "float16"), ("float8_e4m3fn", "float32", "bfloat16")]  # gfx942, gfx950
+
+
+def on_grid_keys(tokens, dtype, seed):
+    """Keys whose every ``x / scale`` is an e4m3 value: each row holds ``448·2^j`` and grid values times
+    ``2^j``. The Triton CPU interpreter's own fp32→fp8 cast rounds ties away from zero and drops the
+    carry into the exponent (31.76 → 16): codes of off-grid values would judge the interpreter, not vLLM."""
+    gen = torch.Generator().manual_seed(seed)
+    grid = R.fp8.decode_codes(torch.arange(256, dtype=torch.uint8), E4M3)
+    grid = grid[torch.isfinite(grid)]
+    values = grid[torch.randint(0, grid.numel(), (tokens, 128), generator=gen)]
+    values[:, 0] = 448.0
+    keys = values * 2.0 ** torch.randint(-12, 8, (tokens, 1), generator=gen)
+    keys[3] = 0.0  # an all-zero row: the amax floor
+    return keys.to(getattr(torch, dtype))
+
+
+@pytest.fixture(scope="module")
+def vllm_rocm_indexer_writes(tmp_path_factory):
+    """Every ROCM_CASES case written by vLLM's ROCm Triton writer, in one process."""
+    directory = tmp_path_factory.mktemp("vllm_rocm_indexer")
+    cache = tmp_path_factory.getbasetemp() / "vllm_sdist"
+    cache.mkdir(exist_ok=True)
+    source = vllm_sdist.read_sources(vllm_sdist.sdist(cache), (ROCM_OPS,))[ROCM_OPS]
+    definitions = vllm_sdist.definitions(source, "_indexer_k_quant_and_cache_kernel", "indexer_k_quant_and_cache_triton")
+    script = directory / "vllm_rocm_indexer.py"
+    script.write_text(ROCM_DRIVER.format(definitions=definitions))
+    gen = torch.Generator().manual_seed(7)
+    cases = {}
+    for i, (fp8, scale_fmt, dtype) in enumerate(ROCM_CASES):
+        slots = torch.randperm(2 * 32, generator=gen)[:24]
+        slots[5] = -1
+        cases[i] = {"fp8": fp8, "scale_fmt": scale_fmt, "k": on_grid_keys(24, dtype, i), "slots": slots,
+                    "cache": torch.zeros(2, 32, 132, dtype=torch.uint8)}
+    torch.save(cases, directory / "in.pt")
+    env = dict(os.environ)
+    if not torch.cuda.is_available():
+        env["TRITON_INTERPRET"] = "1"
+    proc = subprocess.run([sys.executable, str(script), str(directory / "in.pt"), str(directory / "out.pt")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(directory / "out.pt")
+
+
+@pytest.mark.parametrize("case", range(len(ROCM_CASES)), ids=["-".join(c) for c in ROCM_CASES])
+def test_vllm_rocm_triton_indexer_writer_equals_our_shuffled_layout_byte_for_byte(vllm_rocm_indexer_writes, case):
+    """IDX-LAYOUT on ROCm: values in 16-row x 16-byte tiles, float32 scales after them, the gfx942 divisor."""
+    written = vllm_rocm_indexer_writes[case]
+    fmt = L.LatentFormat(kind="indexer", scale_format=written["scale_fmt"], model_dtype=written["k"].dtype, platform="rocm",
+                         arch="gfx942" if written["fp8"] == "float8_e4m3fnuz" else "gfx950", indexer_layout="shuffle")
+    geom = L.LatentGeometry(num_blocks=2, block_size=32, fmt=fmt)
+    region = torch.zeros(geom.nbytes(), dtype=torch.uint8)
+    L.indexer_k_quant_and_cache(written["k"], region, geom, written["slots"])
+    differ = torch.nonzero(region != written["cache"].view(-1)).flatten()
+    assert differ.numel() == 0, {k: v[:3] if isinstance(v, list) else v[:3].tolist() for k, v in L.coordinates_of(geom, differ).items()}
