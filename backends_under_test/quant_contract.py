@@ -13,7 +13,7 @@ import torch
 
 from kvconform.reference import quant_layouts as QL
 
-QUANT_OPS = frozenset({"quant_write", "quant_decode", "quant_copy", "quant_swap"})
+QUANT_OPS = frozenset({"quant_write", "quant_decode", "quant_copy", "quant_swap", "quant_regions"})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -65,4 +65,9 @@ class QuantOps:
     def quant_swap(self, src_cache: torch.Tensor, src_spec: QuantSpec, dst_cache: torch.Tensor, dst_spec: QuantSpec,
                    src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
         """``dst[dst_ids[i]] = src[src_ids[i]]``, whole blocks, every layer."""
+        raise NotImplementedError
+
+    def quant_regions(self, cache: torch.Tensor, spec: QuantSpec, block_ids: list[int], heads: range) -> list[tuple[int, int]]:
+        """The byte ``(offset, length)`` runs, from the allocation's first byte, that a connector
+        registers for KV heads ``heads`` of ``block_ids`` in every layer: codes and scales."""
         raise NotImplementedError

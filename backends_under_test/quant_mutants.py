@@ -151,6 +151,20 @@ class SwapOneLayer(QuantMutant):
         dst_cache[layer, dst_ids.to(dst_cache.device)] = src_cache[layer, src_ids.to(src_cache.device)].to(dst_cache.device)
 
 
+class RegionsLeaveScales(QuantMutant):
+    """Registers a head slice's K and V codes, run by run, but not the scales between them: the
+    consumer decodes the producer's codes with its own stale scales."""
+
+    catches = ("connector",)
+    kills = ("test_head_slice_regions_cover_exactly_the_slices_codes_and_scales", "test_a_head_slice_moved_by_its_regions_lands_bit_for_bit")
+
+    def quant_regions(self, cache, spec, block_ids, heads):
+        g = spec.geometry
+        cells = super().quant_regions(cache, spec, block_ids, heads)
+        starts = [start + i * g.cell_bytes for start, length in cells for i in range(length // g.cell_bytes)]
+        return [(s + side * g.padded_head, g.head_size) for s in starts for side in (0, 1)]
+
+
 QUANT_MUTANTS = {
     "quant_scale_view_from_shape": ScaleViewFromShape,
     "quant_scales_reset_across_layers": ScalesResetAcrossLayers,
@@ -162,4 +176,5 @@ QUANT_MUTANTS = {
     "quant_decode_ignores_scales": DecodeIgnoresScales,
     "quant_copy_leaves_scales": CopyLeavesScales,
     "quant_swap_one_layer": SwapOneLayer,
+    "quant_regions_leave_scales": RegionsLeaveScales,
 }

@@ -106,5 +106,19 @@ class ReferenceQuant(Backend, QuantOps):
         for src, dst in block_mapping.tolist():
             cache[:, dst] = cache[:, src]  # a page: every head, slot and byte (codes and scales), every layer
 
+    def quant_regions(self, cache, spec: QuantSpec, block_ids, heads: range) -> list[tuple[int, int]]:
+        """Runs of whole cells, read off the cache's strides: a cell holds its head's scales."""
+        g = spec.geometry
+        s_l, s_b, s_h, s_n, _ = cache.stride()
+        runs = []
+        for layer in range(g.num_layers):
+            for b in block_ids:
+                start = layer * s_l + b * s_b + heads.start * s_h
+                if s_h == g.block_size * g.cell_bytes:  # HND: the slice's cells are one run per block
+                    runs.append((start, len(heads) * s_h))
+                else:  # NHD: one run per slot
+                    runs += [(start + n * s_n, len(heads) * s_h) for n in range(g.block_size)]
+        return runs
+
     def quant_swap(self, src_cache, src_spec, dst_cache, dst_spec, src_ids, dst_ids) -> None:
         dst_cache[:, dst_ids.to(dst_cache.device)] = src_cache[:, src_ids.to(src_cache.device)].to(dst_cache.device)

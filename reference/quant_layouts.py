@@ -146,7 +146,7 @@ def head_slice_ranges(g: QuantGeometry, blocks, heads: range) -> list[tuple[int,
 
     HND: per (layer, block) one run of ``len(heads)·N·C`` bytes; NHD: per (layer, block, slot)
     one run of ``len(heads)·C`` bytes. A scale lives in its head's cell, so a run of cells
-    carries its scales (SPEC §16, informative)."""
+    carries its scales (SPEC PTH-HEAD-SLICE)."""
     runs = []
     for layer in range(g.num_layers):
         for b in blocks:

@@ -132,6 +132,22 @@ def assert_arena_equal(prop: str, case: Case, expected: torch.Tensor, arena: Qua
     raise ConformanceFailure("\n".join(lines), {"property": prop, "differing_bytes": differs.numel()})
 
 
+def assert_byte_sets_equal(prop: str, case: Case, spec: QuantSpec, expected: torch.Tensor, actual: torch.Tensor, note: str = "") -> None:
+    """Two sorted sets of cache byte offsets (regions) must be equal, each byte once: bytes left
+    out and bytes taken besides are told in cell coordinates."""
+    g = spec.geometry
+    twice = actual[1:][actual[1:] == actual[:-1]]
+    missing = expected[~torch.isin(expected, actual)]
+    extra = actual[~torch.isin(actual, expected)]
+    if not (missing.numel() or extra.numel() or twice.numel()):
+        return
+    lines = [f"{prop}: {missing.numel()} bytes left out, {extra.numel()} taken besides, {twice.numel()} twice ({g.short()}){': ' + note if note else ''}"]
+    for what, offsets in (("left out", missing), ("taken besides", extra), ("twice", twice)):
+        lines += [f"  {what}: {describe(QL.coordinates_of(g, at))}" for at in offsets[:SHOWN].tolist()]
+    lines.append(f"  repro: {case.repro}")
+    raise ConformanceFailure("\n".join(lines), {"property": prop, "missing": missing.numel(), "extra": extra.numel(), "twice": twice.numel()})
+
+
 def describe(where: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in where.items())
 
