@@ -16,6 +16,7 @@ from .reference_mla import Gfx942ReferenceMLA, ReferenceMLA, on_cpu, region_of
 
 class LatentMutant(ReferenceMLA):
     catches: tuple[str, ...] = ()  # check families that must fail
+    kills: tuple[str, ...] = ()  # checks that must fail (tests/test_mutants_are_caught.py)
     suite_args: tuple[str, ...] = ()
 
 
@@ -41,6 +42,9 @@ class LatentDsMlaSemanticHeadSize(LatentMutant):
     instead of its 656-byte record width (vllm#47716); its writer strides records by 576 bytes."""
 
     catches = ("shape", "write")
+    kills = ("test_latent_cache_rows_are_as_wide_as_their_own_record",
+             "test_a_multi_layer_allocation_puts_the_layer_dim_first",
+             "test_latent_records_land_in_their_slots_and_nothing_else_changes")
 
     def latent_allocate(self, buffer, spec):
         if spec.fmt.kind != "fp8_ds_mla":
@@ -67,6 +71,7 @@ class LatentBindingRejectsDeclaredBlockSize(LatentMutant):
     a configuration accepted at declaration that the cache binding rejects at run time (vllm#55431)."""
 
     catches = ("shape",)
+    kills = ("test_every_declared_block_size_is_accepted_by_the_writer",)
 
     def latent_write(self, cache, kv_c, k_pe, slot_mapping, spec, *, scale):
         if spec.geometry.block_size != 64:
@@ -80,6 +85,8 @@ class LatentRopeStoredQuantised(LatentMutant):
     first 64 RoPE bytes, zeros after, instead of the raw 16-bit values."""
 
     catches = ("write", "equivalence")
+    kills = ("test_latent_records_land_in_their_slots_and_nothing_else_changes",
+             "test_golden_records_hash_to_the_stored_digest_of_their_format")
 
     def latent_write(self, cache, kv_c, k_pe, slot_mapping, spec, *, scale):
         super().latent_write(cache, kv_c, k_pe, slot_mapping, spec, scale=scale)
@@ -98,6 +105,7 @@ class LatentTileScaleNotPow2(LatentMutant):
     a power of two (an older kernel's policy, run as 0.33.0)."""
 
     catches = ("write", "equivalence")
+    kills = ("test_stored_scales_follow_the_scale_policy_of_the_platform", "test_golden_records_hash_to_the_stored_digest_of_their_format")
 
     def latent_write(self, cache, kv_c, k_pe, slot_mapping, spec, *, scale):
         if spec.fmt.kind != "fp8_ds_mla":
@@ -119,6 +127,7 @@ class LatentDivisor448OnRocm(Gfx942ReferenceMLA, LatentMutant):
     its codes are e4m3fnuz (max 240): vLLM's ``kFp8ScaleDivisor`` is 224 there."""
 
     catches = ("write", "equivalence")
+    kills = ("test_stored_scales_follow_the_scale_policy_of_the_platform", "test_golden_records_hash_to_the_stored_digest_of_their_format")
 
     def latent_write(self, cache, kv_c, k_pe, slot_mapping, spec, *, scale):
         if spec.fmt.kind != "fp8_ds_mla":
@@ -138,6 +147,8 @@ class LatentIndexerPerToken(LatentMutant):
     132-byte record per row — instead of per block (all values of the block, then all scales)."""
 
     catches = ("write",)
+    kills = ("test_latent_records_land_in_their_slots_and_nothing_else_changes",
+             "test_stored_codes_are_the_inputs_encoded_with_the_records_own_scales")
 
     def indexer_write(self, cache, k, slot_mapping, spec):
         g = spec.geometry
@@ -162,6 +173,8 @@ class LatentInt32BlockOffset(LatentMutant):
     vllm#56037): past 2^31 bytes they write and read blocks near the start of the cache."""
 
     catches = ("write", "read")
+    kills = ("test_last_block_of_a_latent_cache_past_2_31_bytes_is_written",
+             "test_gathers_read_the_last_block_of_a_latent_cache_past_2_31_bytes")
 
     def _remap(self, slot_mapping, spec):
         N = spec.geometry.block_size
@@ -186,6 +199,7 @@ class LatentPaddingSlotWritten(LatentMutant):
     """Python-style negative indexing in the latent writers: slot -1 writes the cache's last slot."""
 
     catches = ("write",)
+    kills = ("test_padding_slots_leave_the_latent_cache_untouched",)
 
     def _last(self, slot_mapping, spec):
         g = spec.geometry
@@ -212,6 +226,8 @@ class LatentKvcKpeSwapped(LatentMutant):
     """Plain MLA writer that stores ``k_pe`` first and ``kv_c`` after it in each entry."""
 
     catches = ("write", "equivalence")
+    kills = ("test_latent_records_land_in_their_slots_and_nothing_else_changes",
+             "test_golden_records_hash_to_the_stored_digest_of_their_format")
 
     def latent_write(self, cache, kv_c, k_pe, slot_mapping, spec, *, scale):
         if spec.fmt.kind != "mla":
@@ -226,6 +242,7 @@ class LatentStridedRowsReadAsContiguous(LatentMutant):
     their first element (right only when they are not slices of one projection output)."""
 
     catches = ("write",)
+    kills = ("test_latent_rows_are_read_through_their_strides",)
 
     @staticmethod
     def _dense(x):
@@ -243,6 +260,7 @@ class LatentGroupedFirstLayerSlots(LatentMutant):
     layer (a missing ``layer · stride(0)``)."""
 
     catches = ("write",)
+    kills = ("test_grouped_writer_writes_each_layer_from_its_own_rows_and_slots",)
 
     def latent_grouped_write(self, per_layer_cache, kv_cs, k_pes, slot_mappings, specs, *, scales):
         super().latent_grouped_write(per_layer_cache, kv_cs, k_pes, [slot_mappings[0]] * len(slot_mappings), specs, scales=scales)
@@ -253,6 +271,7 @@ class LatentGatherOffByOneBlock(LatentMutant):
     """The gathers read block ``block_table[s, j] + 1`` (an off-by-one in the block index)."""
 
     catches = ("read",)
+    kills = ("test_gather_returns_exactly_the_written_latent", "test_indexer_gather_returns_the_stored_value_and_scale_bytes")
 
     def latent_gather(self, cache, block_table, seq_lens, spec, *, scale):
         return super().latent_gather(cache, (block_table + 1) % spec.geometry.num_blocks, seq_lens, spec, scale=scale)
@@ -266,6 +285,7 @@ class LatentDecodeRopeAsV(LatentMutant):
     instead of the first."""
 
     catches = ("read",)
+    kills = ("test_mla_decode_equals_sdpa_on_the_dense_latent",)
 
     def latent_decode(self, query, cache, block_table, seq_lens, spec, *, scale, softmax_scale):
         fmt = spec.fmt
@@ -286,6 +306,7 @@ class LatentCopyValuesWithoutIndexerScales(LatentMutant):
     the scales region after it (sglang#30057's kind: indexer pages without their scales)."""
 
     catches = ("copy",)
+    kills = ("test_copy_moves_whole_records_and_indexer_pages_of_every_layer",)
 
     def latent_copy(self, cache, block_mapping, spec):
         if spec.fmt.kind != "indexer":
@@ -303,6 +324,7 @@ class LatentSwapFirstLayerOnly(LatentMutant):
     its own tensor."""
 
     catches = ("swap",)
+    kills = ("test_swap_moves_whole_blocks_of_every_layer_between_device_and_host",)
 
     def latent_swap(self, src_cache, src_spec, dst_cache, dst_spec, src_ids, dst_ids):
         src, dst = region_of(src_cache, src_spec), region_of(dst_cache, dst_spec)
@@ -318,6 +340,7 @@ class LatentPlanPullsFromTwoRanks(LatentMutant):
     whose heads the consumer would cover — as for a K/V cache — though the latent is replicated."""
 
     catches = ("connector",)
+    kills = ("test_each_consumer_rank_pulls_each_block_from_exactly_one_producer_rank",)
 
     def latent_transfer_plan(self, producer_tp, consumer_tp, consumer_rank, blocks):
         if producer_tp <= consumer_tp:
@@ -332,6 +355,7 @@ class LatentRegionsSlicedByHead(LatentMutant):
     instead of refusing it: the latent is one replicated vector, not heads."""
 
     catches = ("connector",)
+    kills = ("test_a_head_slice_of_a_latent_cache_is_refused",)
 
     def latent_regions(self, spec, blocks, heads=None):
         whole = R.latent.block_byte_ranges(spec.geometry, blocks)
@@ -341,11 +365,26 @@ class LatentRegionsSlicedByHead(LatentMutant):
         return [(start + heads.start * share, len(heads) * share) for start, _ in whole]
 
 
+class LatentRegionsWithoutIndexerScales(LatentMutant):
+    """Connector regions of an indexer cache that cover each block's values region (``N · D`` bytes) but
+    not its scales: the indexer keys arrive without the scales that decode them (sglang#30057's kind)."""
+
+    catches = ("connector",)
+    kills = ("test_latent_regions_are_whole_blocks_of_every_layer_and_nothing_else",)
+
+    def latent_regions(self, spec, blocks, heads=None):
+        whole = super().latent_regions(spec, blocks, heads)
+        if spec.fmt.kind != "indexer":
+            return whole
+        return [(start, spec.geometry.block_size * spec.fmt.kv_lora_rank) for start, _ in whole]
+
+
 class LatentDescriptorIgnoresRopeDtype(LatentMutant):
     """Handshake descriptor without the RoPE dtype: a peer whose raw RoPE values are fp16 looks like
     one whose are bf16."""
 
     catches = ("connector",)
+    kills = ("test_descriptor_refuses_a_peer_with_another_record_format",)
 
     def latent_descriptor(self, spec):
         return {k: v for k, v in super().latent_descriptor(spec).items() if k != "rope_dtype"}
@@ -369,5 +408,6 @@ LATENT_MUTANTS = {
     "latent_swap_first_layer_only": LatentSwapFirstLayerOnly,
     "latent_plan_pulls_from_two_ranks": LatentPlanPullsFromTwoRanks,
     "latent_regions_sliced_by_head": LatentRegionsSlicedByHead,
+    "latent_regions_without_indexer_scales": LatentRegionsWithoutIndexerScales,
     "latent_descriptor_ignores_rope_dtype": LatentDescriptorIgnoresRopeDtype,
 }
