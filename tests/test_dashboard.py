@@ -179,7 +179,7 @@ def test_every_failure_has_its_detail_page_rendered_as_in_the_html_report(site, 
         page = (site / failure["detail"]).read_text()
         assert f'data-nodeid="{failure["test"]}"' in page and 'class="mismatches"' in page and 'class="repro"' in page
     since = (site / entry(index, V, "cpu", "0.34.0")["failures"][0]["detail"]).read_text()
-    assert re.search(r"Fails since <b>vllm 0.33.0</b>", since)
+    assert re.search(r"Failing since <b>vllm 0.33.0</b> \(2026-10-03\); it did not fail in vllm 0.32.0", since)
 
 
 def test_the_dashboard_orders_families_as_the_suite_does(index):
