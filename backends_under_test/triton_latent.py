@@ -24,7 +24,7 @@ from .latent_contract import LatentCapabilities, LatentSpec
 from .triton_backends import _platform, device_arch
 
 # Every latent op but the connector's TP plan (a connector's decision, not a kernel's).
-OPS = frozenset({"latent_write", "latent_gather", "latent_decode", "latent_copy", "latent_swap",
+OPS = frozenset({"latent_write", "latent_grouped_write", "latent_gather", "latent_decode", "latent_copy", "latent_swap",
                  "indexer_write", "indexer_gather", "latent_regions"})
 
 
@@ -100,6 +100,13 @@ class TritonMLA(Backend):
                                       floor=policy.floor, pow2=policy.pow2)
         else:
             K.concat_and_cache_mla(kv_c, k_pe, layer, slot_mapping, self._scale(scale, cache), code_dtype=self._codes(fmt))
+
+    def latent_grouped_write(self, per_layer_cache, kv_cs, k_pes, slot_mappings, specs, *, scales):
+        """``concat_and_cache_mla_grouped`` as one launch of the MLA writer per layer (vLLM's kernel takes
+        the layers as a second grid axis over an array of cache pointers; the bytes are the same)."""
+        for layer, (cache, spec) in enumerate(zip(per_layer_cache, specs)):
+            self.latent_write(cache, kv_cs[layer], k_pes[layer], slot_mappings[layer][: kv_cs[layer].shape[0]], spec,
+                              scale=None if scales is None else scales[layer : layer + 1])
 
     def indexer_write(self, cache, k, slot_mapping, spec):
         fmt = spec.fmt

@@ -24,11 +24,10 @@ from .triton_kernels import FP8, INTERPRETER_TOKENS, _encode
 
 # Record forms a reader dequantises (constexpr FORM).
 PLAIN16, PLAIN_FP8, DS_MLA = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
-DS_RANK, DS_ROPE, DS_TILE = 512, 64, 128  # the fp8_ds_mla record: 4 tiles of 128 codes, 64 RoPE values
-DS_SCALES = DS_RANK  # byte offset of the 4 float32 scales in a record
-DS_ROPE_AT = DS_RANK + 4 * (DS_RANK // DS_TILE)  # byte offset of the 16-bit RoPE values (528)
-DS_RECORD = DS_ROPE_AT + 2 * DS_ROPE  # 656
-IDX_GROUP = 128  # indexer values sharing one scale
+# The fp8_ds_mla record: 4 tiles of 128 codes, at 512 the 4 float32 scales, at 528 the 64 RoPE values; 656 bytes.
+DS_RANK, DS_ROPE, DS_TILE = tl.constexpr(512), tl.constexpr(64), tl.constexpr(128)
+DS_SCALES, DS_ROPE_AT, DS_RECORD = tl.constexpr(512), tl.constexpr(528), tl.constexpr(656)
+IDX_GROUP = tl.constexpr(128)  # indexer values sharing one scale
 DECODE_HEADS = 16  # query heads per decode program: tl.dot needs 16 rows
 
 
@@ -46,7 +45,7 @@ def _pow2_ceil(s):
 
 @triton.jit
 def _to_model_bits(x, MODEL_BF16: tl.constexpr):
-    """fp32 → the model dtype's 16-bit pattern (int16), rounded to nearest even (NaN → 0x7FC0 for bf16, as torch)."""
+    """fp32 → the model dtype's 16-bit pattern (int16), rounded to nearest even (a bf16 NaN is the canonical 0x7FC0)."""
     if MODEL_BF16:
         bits = x.to(tl.int32, bitcast=True)
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
@@ -382,11 +381,11 @@ def indexer_k_quant_and_cache(k, cache, slot_mapping, *, code_dtype: torch.dtype
     T, D = k.shape
     if T == 0:
         return
-    cache = _bytes(cache)
+    cache, groups = _bytes(cache), D // IDX_GROUP.value
     tokens = _tokens_per_program(T)
     indexer_k_quant_and_cache_kernel[(triton.cdiv(T, tokens),)](
         k, cache, slot_mapping.contiguous(), T, k.stride(0), k.stride(1), cache.stride(0),
-        BLOCK_SIZE=cache.shape[1], GROUPS=D // IDX_GROUP, BLOCK_G=triton.next_power_of_2(D // IDX_GROUP), TOKENS=tokens,
+        BLOCK_SIZE=cache.shape[1], GROUPS=groups, BLOCK_G=triton.next_power_of_2(groups), TOKENS=tokens,
         DIVISOR=divisor, FLOOR=floor, POW2=pow2, MX=mx, **fp8_args(code_dtype),
     )
 
