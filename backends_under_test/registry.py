@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import importlib.util
 import re
+import sys
 import traceback
 
 from .contract import Backend, BackendOutOfScope, BackendUnavailable
@@ -85,6 +87,27 @@ def is_known(name: str) -> bool:
 
 def _target(name: str) -> str:
     return registered().get(name, name)
+
+
+def missing_module(name: str) -> str | None:
+    """For a ``pkg.module:attr`` backend whose module this Python cannot find, a usage error's
+    text naming the module and the fix (#38: four load errors and exit 1); None when it is found
+    or is no such target (a module found whose import fails is the backend's load error)."""
+    if name in registered() or name.startswith(VLLM_PREFIX) or ":" not in name:
+        return None
+    module = name.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError as exc:  # a parent package is missing
+        module, found = exc.name or module, False
+    except Exception:  # noqa: BLE001 - importing a parent package failed: its load error says why
+        return None
+    if found:
+        return None
+    return (f"--kvc-backend {name}: no module named {module!r} on this Python's path ({sys.executable}). Install the package "
+            f"that holds it into this environment (pip install PATH-OR-NAME), or add the directory that holds {module.split('.')[0]!r} "
+            "to PYTHONPATH — `kvconform test` and `kvconform run` start pytest in a scratch directory, so the directory you type "
+            "them in is not on the path")
 
 
 _SHORT_NAME = re.compile(r"[A-Za-z_][\w\-]*")  # a name an adapter class may declare for itself

@@ -264,6 +264,15 @@ def test_kvconform_run_resolves_relative_paths_against_the_callers_directory(ven
     assert_writes_only_under(vendor.repo, before, "kvconform-run")
 
 
+def test_kvconform_run_prints_each_new_failures_property_diagnosis_and_repro(vendor):
+    """Its pytest processes' output is not shown (#38: the matrix and check names, no failure details)."""
+    proc = in_repo(vendor, "kvconform run --backend acme_broken --out broken-run", COLUMNS="1000", **FAST)
+    assert proc.returncode != 0, output(proc)[-4000:]
+    block = proc.stdout.split("FAIL conformance/test_write.py::test_padding_slots_leave_cache_untouched[acme_broken-", 1)[-1]
+    assert "New failures (" in proc.stdout and block.startswith("E1:NHD]\nwrite: "), proc.stdout[-4000:]
+    assert "where the wrong bytes came from:" in block and "padding-written" in block and "repro: pytest --pyargs" in block, block[:3000]
+
+
 def test_the_certify_commands_start_and_name_a_registered_backend(vendor):
     certify, verify = [line.split("#")[0].strip() for line in vendor.blocks["certify"].splitlines() if line.strip()]
     backend = certify.split("--backend")[1].split()[0]
@@ -273,6 +282,29 @@ def test_the_certify_commands_start_and_name_a_registered_backend(vendor):
     assert proc.returncode == 1 and "NOT CERTIFIED" in proc.stdout, output(proc)[-4000:]  # no test ran: nothing to certify
     proc = in_repo(vendor, verify)
     assert proc.returncode == 1 and "not a bundle directory" in proc.stdout, output(proc)[-4000:]
+
+
+ALIAS_ALONE = '''
+import dataclasses
+
+from acme_kv.kvconform_adapter import AcmeBackend
+
+
+class AcmeE4m3Only(AcmeBackend):
+    name = "acme_e4m3"
+    capabilities = dataclasses.replace(AcmeBackend.capabilities, kv_cache_dtypes=("auto", "fp8_e4m3"))
+'''
+
+
+def test_a_declaration_at_odds_with_itself_is_warned_about_in_the_report(vendor):
+    """fp8_e4m3 without its alias fp8 (#38: the e4m3 golden case silently not applicable)."""
+    extra = vendor.repo.parent / "alias-alone"
+    extra.mkdir(exist_ok=True)
+    (extra / "acme_e4m3.py").write_text(ALIAS_ALONE)
+    proc = in_repo(vendor, "kvconform test --backend acme_e4m3:AcmeE4m3Only --out alias-alone", PYTHONPATH=str(extra), COLUMNS="1000", **FAST)
+    assert proc.returncode == 0, output(proc)[-4000:]
+    assert "WARNING backend acme_e4m3@cpu declares kv_cache_dtype fp8_e4m3 without its alias fp8" in proc.stdout, proc.stdout[-4000:]
+    assert "acme_e4m3@cpu declaration: declares kv_cache_dtype fp8_e4m3" in (vendor.repo / "alias-alone" / "results.html").read_text()
 
 
 # ----------------------------------------------------------------------------- names of backends

@@ -201,6 +201,9 @@ def _load_backends(names: tuple[str, ...]) -> tuple[dict, dict]:
             f"(or 'vllm:NAME[+shuffle]', 'pkg.module:attr', or one of {len(known) - len(listed)} seeded-fault backends 'mutant:NAME' / "
             "'fault:NAME': `kvconform backends --all` lists them)"
         )
+    missing = [text for text in map(registry.missing_module, names) if text]
+    if missing:
+        raise InputError("; ".join(missing))
     loaded = {backend.name: backend for backend in map(registry.load, names)}  # by the name its test ids carry (registry.registered_name)
     if not explicit:  # the default is every built-in that can run here
         runnable = {n: l for n, l in loaded.items() if l.backend is not None}
