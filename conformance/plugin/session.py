@@ -40,6 +40,9 @@ class SuiteRun:
     def start(cls, config) -> "SuiteRun":
         import torch
 
+        from ..harness import oracle_guard
+
+        oracle_guard.install()  # the oracle as it is before any backend is imported
         if not torch.cuda.is_available():  # Triton kernels run on CPU through the interpreter
             os.environ.setdefault("TRITON_INTERPRET", "1")
         if hasattr(config, "workerinput"):
@@ -204,12 +207,31 @@ def _load_backends(names: tuple[str, ...]) -> tuple[dict, dict]:
     missing = [text for text in map(registry.missing_module, names) if text]
     if missing:
         raise InputError("; ".join(missing))
-    loaded = {backend.name: backend for backend in map(registry.load, names)}  # by the name its test ids carry (registry.registered_name)
+    loaded = {backend.name: backend for backend in map(_load_guarded, names)}  # by the name its test ids carry (registry.registered_name)
     if not explicit:  # the default is every built-in that can run here
         runnable = {n: l for n, l in loaded.items() if l.backend is not None}
         if runnable:
             return runnable, {n: l.unavailable or l.error for n, l in loaded.items() if n not in runnable}
     return loaded, {}
+
+
+def _load_guarded(name: str):
+    """One backend, loaded after the oracle was recorded and checked after its import: a backend
+    whose import changed the oracle is a load error (its every test an error naming the change);
+    the oracle is restored for the others. Its ops then run through the guards (harness/oracle_guard.py)."""
+    from kvconform.backends_under_test import registry
+
+    from ..harness import oracle_guard
+
+    oracle_guard.install()
+    loaded = registry.load(name)
+    try:
+        oracle_guard.verify(f"the import of backend {name}")
+    except oracle_guard.OracleChanged as exc:
+        return registry.Loaded(loaded.name, error=f"OracleChanged: {exc}", spec=loaded.spec)
+    if loaded.backend is not None:
+        oracle_guard.guard_ops(loaded.backend)
+    return loaded
 
 
 def _load_compare(path):

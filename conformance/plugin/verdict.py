@@ -16,6 +16,7 @@ unexpected-pass / skipped (an expectations entry Fail or Crash / the same entry 
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 from kvconform.reports.results import (CRASHED, ERROR, EXPECTED_FAILURE, FAILED, FAILING, NOT_APPLICABLE, PASSED, SKIPPED,
                                        TIMEOUT, UNEXPECTED_PASS)
@@ -51,6 +52,8 @@ def decide(when: str, exc: BaseException | None, skipped: bool, planned, case=No
         if planned.reason is not None:
             return Verdict(NOT_APPLICABLE, str(planned.reason), not_applicable=planned.reason)
         return Verdict(SKIPPED, planned.skip or str(exc or ""))
+    if _oracle_changed(exc):  # a void result: never waived as a known failure, never not applicable
+        return Verdict(ERROR, str(exc), raised=type(exc).__name__)
     reason = reason_of(exc, planned.backend, case) if exc is not None else None
     if reason is not None:  # never an expected failure: a case that cannot run here is not known to fail
         return Verdict(NOT_APPLICABLE, str(reason), not_applicable=reason)
@@ -67,6 +70,13 @@ def decide(when: str, exc: BaseException | None, skipped: bool, planned, case=No
                        hypothesis_draw=notes or None)
     return Verdict(outcome, message, failure=failure, raised=None if outcome == FAILED else type(exc).__name__,
                    hypothesis_draw=notes or None)
+
+
+def _oracle_changed(exc) -> bool:
+    # looked up, not imported: the guard imports torch, this module loads without it (none
+    # can have been raised before the guard was imported)
+    guard = sys.modules.get("kvconform.conformance.harness.oracle_guard")
+    return guard is not None and isinstance(exc, guard.OracleChanged)
 
 
 def combine(earlier: Verdict | None, later: Verdict | None) -> Verdict | None:
