@@ -26,10 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvconform.reports import dashboard, dashboard_model  # noqa: E402
-from kvconform.reports.dashboard_inputs import load_runs  # noqa: E402
-from kvconform.reports.results import document_text  # noqa: E402
-from tests.dashboard_runs import document, record  # noqa: E402
+from kvconform.reports import dashboard, dashboard_model
+from kvconform.reports.dashboard_inputs import load_runs
+from kvconform.reports.results import document_text
+
+from tests.dashboard_runs import document, record
 
 RELEASES = ("0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
 PLATFORMS = ("cpu", "cuda-sm90", "rocm-gfx942")
@@ -47,7 +48,7 @@ def suite(backend: str, tests: int, platform: str) -> list[dict]:
     out = []
     for i in range(tests):
         family = FAMILIES[i % len(FAMILIES)]
-        params = f"{'NHD HND SHUFFLE'.split()[i % 3]}-{('auto', 'fp8', 'fp8_e5m2')[i // 3 % 3]}-h{i // 9 % 6}-b{i // 54}"
+        params = f"{['NHD', 'HND', 'SHUFFLE'][i % 3]}-{('auto', 'fp8', 'fp8_e5m2')[i // 3 % 3]}-h{i // 9 % 6}-b{i // 54}"
         out.append(record(backend, f"test_{family}_check_{i // len(FAMILIES) % 12}", params, "passed", family=family, run_platform=platform,
                           clauses=(f"{family.upper()}-{i % 7}",)))
     return out

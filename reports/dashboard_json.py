@@ -4,7 +4,16 @@ changes between consecutive runs, and the clauses. Paths in it are relative to t
 
 from __future__ import annotations
 
-from .dashboard_model import CODE, Change, Dashboard, Diff, Entry, Series, first_sentence, worst
+from .dashboard_model import (
+    CODE,
+    Change,
+    Dashboard,
+    Diff,
+    Entry,
+    Series,
+    first_sentence,
+    worst,
+)
 from .results import headline, is_complete
 
 SCHEMA = "kvconform-dashboard/1"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 import re
 from collections import Counter, defaultdict
 
@@ -22,8 +23,20 @@ from packaging.version import InvalidVersion, Version
 
 from .dashboard_inputs import Run
 from .matrix import column_of
-from .results import (CRASHED, ERROR, EXPECTED_FAILURE, FAILED, FAILING, NOT_APPLICABLE, NOT_RUN, PASSED, SEVERITY, SKIPPED,
-                      TIMEOUT, UNEXPECTED_PASS)
+from .results import (
+    CRASHED,
+    ERROR,
+    EXPECTED_FAILURE,
+    FAILED,
+    FAILING,
+    NOT_APPLICABLE,
+    NOT_RUN,
+    PASSED,
+    SEVERITY,
+    SKIPPED,
+    TIMEOUT,
+    UNEXPECTED_PASS,
+)
 
 LIBRARIES = ("vllm", "aiter", "flashinfer", "lmcache")  # environment.backends.NAME keys an adapter records its library's version under
 # The suite's family order (conformance/plugin/collection.py FAMILIES; the reports library may not
@@ -69,7 +82,7 @@ def test_key(nodeid: str, backend: str) -> str:
     return head + bracket + _backend_parameter(backend).sub("{backend}", "[" + params)[1:]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _backend_parameter(backend: str) -> re.Pattern:
     return re.compile(rf"(?<=[\[-]){re.escape(backend)}(?=[-\]])")
 
@@ -343,7 +356,7 @@ def build(runs: list[Run]) -> Dashboard:
                      platform=members[0].platform, entries=members)
         for entry in members:
             entry.series = one.id
-        one.diffs = [diff(a, b) for a, b in zip(members, members[1:])]
+        one.diffs = [diff(a, b) for a, b in itertools.pairwise(members)]
         one.checks = check_history(members)
         series.append(one)
     grid = defaultdict(list)  # per platform: backends by name (the series are sorted by column)

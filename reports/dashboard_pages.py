@@ -16,12 +16,23 @@ import json
 import os
 import time
 from collections import Counter
-
 from importlib.resources import files
+
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup, escape
 
-from .dashboard_model import BROKEN, CODE, Dashboard, Entry, Series, first_sentence, reason_text, slug, test_key, worst
+from .dashboard_model import (
+    BROKEN,
+    CODE,
+    Dashboard,
+    Entry,
+    Series,
+    first_sentence,
+    reason_text,
+    slug,
+    test_key,
+    worst,
+)
 from .draws import summary as draw_summary
 from .results import FAILING, NOT_APPLICABLE, PASSED, SEVERITY, counts_text, headline
 from .svg import byte_map_svg

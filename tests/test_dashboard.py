@@ -19,11 +19,11 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
+from kvconform.conformance.plugin.collection import FAMILIES
+from kvconform.reports import dashboard, dashboard_model, submission
 
 from kvconform.cli import main as kvconform_main
-from kvconform.conformance.plugin.collection import FAMILIES
 from kvconform.errors import InputError
-from kvconform.reports import dashboard, dashboard_model, submission
 
 from .dashboard_runs import document, record, write
 
@@ -246,7 +246,7 @@ def chromium(url: str) -> tuple[str, str]:
     """(the DOM after the page's scripts ran, what Chromium logged)."""
     assert CHROMIUM, "KVCONFORM_REQUIRE_CHROMIUM=1 but no chromium on PATH (apt-get install chromium)"
     with tempfile.TemporaryDirectory() as profile:
-        proc = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--dump-dom", url], capture_output=True, text=True, timeout=120)
+        proc = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--dump-dom", url], check=False, capture_output=True, text=True, timeout=120)
     return proc.stdout, proc.stderr
 
 
