@@ -19,7 +19,7 @@ import itertools
 import re
 from collections import Counter, defaultdict
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import InvalidVersion, Version  # packaging: a dependency of pytest, hence of kvconform
 
 from .dashboard_inputs import Run
 from .matrix import column_of
