@@ -34,9 +34,17 @@ import torch
 
 from kvconform import reference as R
 
-from .contract import Capabilities, OpUnavailable
+from .contract import BackendOutOfScope, Capabilities, OpUnavailable
 from .latent_contract import LatentCapabilities, LatentSpec
-from .vllm_backend import BUILD, INTERPRETER_FP8, VllmBackend, _real_code_path, _vllm_config, interpreted
+from .vllm_base import (
+    BUILD,
+    INTERPRETER_FP8,
+    VllmBackend,
+    _real_code_path,
+    _unavailable,
+    _vllm_config,
+    interpreted,
+)
 
 ROPE_DIM = 64  # every MLA model vLLM 0.33.0 serves (DeepSeek V2/V3/V3.2/V4, Kimi-K2, GLM) ropes 64 dims
 DEFAULT_HEAD_SIZE = 576  # what MLAAttention gets for DeepSeek V3 (512 + 64) when a member lists no head size
@@ -45,10 +53,15 @@ FP8 = ("fp8", "fp8_e4m3", "fp8_e5m2")
 DS_MLA = "fp8_ds_mla"
 BLOCK_CANDIDATES = (16, 32, 64)  # for MultipleOf(b): the sizes vLLM's supports_block_size accepts
 INDEXER_HEAD_DIM = 128  # DeepSeek V3.2's index_head_dim (config.json), the only indexer vLLM 0.33.0's sparse members serve
+INDEXER_SCALE = "ue8m0"  # its scale_fmt (config.json), which sparse_attn_indexer.py passes to the writer on every platform
 # forward_mqa of these reads only MLACommonMetadata's decode fields; every other member's decode
 # needs its own kernel's scheduling metadata (FlashMLA tile scheduler, FlashInfer plans, AITER work
 # buffers), which the adapter does not build.
 DECODES = ("TRITON_MLA", "CPU_MLA")
+# Not attributed yet: the same call outside the suite (20 bf16 tokens, 2 heads) gives ~8e8 where
+# torch gives at most 2; run compiled (H200) before blaming vLLM or Triton.
+INTERPRETED_TRITON_MLA_DECODE = ("vLLM's Triton MLA decode (decode_attention_fwd, is_mla=True) returns values ~8e8 under "
+                                 "the interpreter where a torch reference gives |x| <= 2; not declared until a compiled run says whose it is")
 # Where a member's indexer cache is written: vLLM's sparse members keep DeepSeek V3.2's indexer
 # (sparse_attn_indexer.py), ROCm through its own Triton writer.
 ROCM_INDEXER = "vllm.v1.attention.ops.rocm_aiter_mla_sparse"
@@ -75,6 +88,8 @@ class VllmMLABackend(VllmBackend):
         return importlib.import_module("vllm.platforms.cuda").CudaPlatform  # FlashMLA, FlashInfer, CUTLASS, FA, TokenSpeed: NVIDIA
 
     def undeclared_op(self, op):
+        if op == "latent_decode" and interpreted() and self.vllm_name == "TRITON_MLA":
+            return "Triton's interpreter (TRITON_INTERPRET=1)", INTERPRETED_TRITON_MLA_DECODE
         if op == "latent_decode":
             return (f"kvconform's vLLM adapter (backend {self.name})",
                     f"does not build {self.vllm_name}'s own decode scheduling metadata, so its forward_mqa is not driven")
@@ -86,9 +101,17 @@ class VllmMLABackend(VllmBackend):
 
     # ---------------------------------------------------------------- declarations
     def _declare(self) -> Capabilities:
+        try:
+            self.backend_cls.get_impl_cls()
+        except NotImplementedError as exc:  # DeepSeek V4/V4.1: the model's own attention layer keeps the cache
+            raise BackendOutOfScope(
+                f"is vLLM's {self.vllm_name}, which has no attention impl ({exc}): the model's layer builds and writes its "
+                "cache (DeepseekV4Attention.get_kv_cache_spec: one state per compress_ratio tokens, a 584-byte fp8_ds_mla record), "
+                "a latent format SPEC §17 does not define"
+            ) from exc
         sparse = bool(self.backend_cls.is_sparse())
         ops = {"latent_write", "latent_gather", "latent_copy"} | ({"latent_swap"} if self._swaps() else set())
-        ops |= {"latent_decode"} if self.vllm_name in DECODES else set()
+        ops |= {"latent_decode"} if self.vllm_name in DECODES and not (interpreted() and self.vllm_name == "TRITON_MLA") else set()
         formats = self._formats()
         if sparse:
             ops |= {"indexer_write", "indexer_gather"}
@@ -112,15 +135,24 @@ class VllmMLABackend(VllmBackend):
         plain = [d for d in PLAIN if d in listed] or [d for d in ("bfloat16", "float16") if d in listed][:1]
         fp8 = [d for d in FP8 if d in listed]  # written by compiled ops (no interpreter cast); TRITON_MLA decode only reads them
         formats = [R.latent.LatentFormat(kind="mla", kv_lora_rank=rank, rope_dim=ROPE_DIM, cache_dtype=d if d in FP8 else "auto",
-                                         model_dtype=model, platform=self.platform, arch=self.arch()) for d in plain + fp8]
+                                         model_dtype=model, **self._runs_on()) for d in plain + fp8]
         if DS_MLA in listed:
-            formats.append(R.latent.LatentFormat(kind=DS_MLA, cache_dtype=DS_MLA, model_dtype=torch.bfloat16, platform=self.platform, arch=self.arch()))
+            formats.append(R.latent.LatentFormat(kind=DS_MLA, cache_dtype=DS_MLA, model_dtype=torch.bfloat16, **self._runs_on()))
         return formats
 
     def _indexer_formats(self) -> list:
-        scale = "ue8m0" if self.platform == "cuda" else "float32"
-        return [R.latent.LatentFormat(kind="indexer", kv_lora_rank=INDEXER_HEAD_DIM, rope_dim=0, cache_dtype="fp8", scale_format=scale,
-                                      platform=self.platform, arch=self.arch())]
+        return [R.latent.LatentFormat(kind="indexer", kv_lora_rank=INDEXER_HEAD_DIM, rope_dim=0, cache_dtype="fp8", scale_format=INDEXER_SCALE,
+                                      **self._runs_on())]
+
+    def _runs_on(self) -> dict:
+        """The platform and arch of the device vLLM runs on here: they pick the fp8 variant
+        (current_platform.fp8_dtype()), whichever hardware the member was written for."""
+        device = self._device_platform()
+        if device == "rocm" and not torch.cuda.is_available():
+            from vllm.platforms import rocm
+
+            return {"platform": device, "arch": rocm._GCN_ARCH.split(":")[0]}
+        return {"platform": device, "arch": VllmBackend.arch(self) if device == self.platform else ""}
 
     def unspecified_cache_dtypes(self) -> list[str]:
         known = set(PLAIN) | {"bfloat16", "float16"} | set(FP8) | {DS_MLA}
@@ -174,7 +206,12 @@ class VllmMLABackend(VllmBackend):
         """As the worker: planner strides, ``create_kv_cache_views`` over ``buffer``, then the
         ``[B, H=1, N, C] → [B, N, C]`` squeeze of ``MLAAttention.bind_kv_cache``."""
         from vllm.v1.core.kv_cache_planning import _get_kv_cache_bytes_per_block
-        from vllm.v1.kv_cache_interface import KVCacheGroupSpec, KVCacheTensor, compute_layout_strides, create_kv_cache_views
+        from vllm.v1.kv_cache_interface import (
+            KVCacheGroupSpec,
+            KVCacheTensor,
+            compute_layout_strides,
+            create_kv_cache_views,
+        )
 
         g = spec.geometry
         vspec = self.mla_spec(spec)
@@ -190,7 +227,19 @@ class VllmMLABackend(VllmBackend):
         views = create_kv_cache_views(buffer.view(torch.int8), vspec, g.num_blocks, member, tensor)
         if g.num_layers != 1:
             raise ValueError(f"vllm:{self.vllm_name} declares one layer per allocation; got {g.num_layers}")
-        return views[0].squeeze(1)
+        cache = views[0].squeeze(1)
+        if spec.fmt.kind == "mla" and spec.fmt.cache_dtype in FP8:
+            # The worker's buffer is uint8; MLAAttention.forward_impl views a quantized cache as
+            # current_platform.fp8_dtype() for every fp8 cache dtype (mla_attention.py:957, :974-979).
+            from vllm.platforms import current_platform
+
+            cache = cache.view(current_platform.fp8_dtype())
+        return cache
+
+    @staticmethod
+    def _as_written(cache):
+        """The cache as update_kv_cache hands it to the writer: the worker's uint8 view for fp8."""
+        return cache.view(torch.uint8) if cache.dtype.itemsize == 1 else cache
 
     # ---------------------------------------------------------------- the impl
     def mla_impl(self, spec: LatentSpec):
@@ -201,10 +250,10 @@ class VllmMLABackend(VllmBackend):
         if key not in self._impls:
             impl_cls = self.backend_cls.get_impl_cls()
             head = fmt.kv_lora_rank + fmt.rope_dim
-            args = dict(num_heads=16, head_size=head, scale=head**-0.5, num_kv_heads=1, alibi_slopes=None, sliding_window=None,
-                        kv_cache_dtype=fmt.cache_dtype, logits_soft_cap=None, attn_type="decoder", kv_sharing_target_layer_name=None,
-                        q_lora_rank=None, kv_lora_rank=fmt.kv_lora_rank, qk_nope_head_dim=128, qk_rope_head_dim=fmt.rope_dim,
-                        qk_head_dim=128 + fmt.rope_dim, v_head_dim=128, kv_b_proj=None)
+            args = {"num_heads": 16, "head_size": head, "scale": head**-0.5, "num_kv_heads": 1, "alibi_slopes": None, "sliding_window": None,
+                    "kv_cache_dtype": fmt.cache_dtype, "logits_soft_cap": None, "attn_type": "decoder", "kv_sharing_target_layer_name": None,
+                    "q_lora_rank": None, "kv_lora_rank": fmt.kv_lora_rank, "qk_nope_head_dim": 128, "qk_rope_head_dim": fmt.rope_dim,
+                    "qk_head_dim": 128 + fmt.rope_dim, "v_head_dim": 128, "kv_b_proj": None}
             with self.mode(), _real_code_path(), _vllm_config(spec.geometry.block_size), self._foreign_impl(), self._outside_a_model():
                 _single_rank_groups()  # sparse impls read their TP group, as in a one-GPU engine
                 self._impls[key] = impl_cls(**args)
@@ -213,11 +262,14 @@ class VllmMLABackend(VllmBackend):
     @contextlib.contextmanager
     def _outside_a_model(self):
         """An impl whose ``__init__`` needs the model's own layers (kv_b_proj weights, the sparse
-        indexer module) cannot be built by the adapter: not applicable, the adapter's limit."""
+        indexer module) or an engine's workspace cannot be built by the adapter: not applicable,
+        the adapter's limit."""
         try:
             yield
-        except (AttributeError, TypeError) as exc:
-            raise OpUnavailable(f"builds {self.vllm_name}'s impl without a model (kv_b_proj, indexer: None); its __init__ raised "
+        except (AttributeError, TypeError, AssertionError) as exc:
+            if _unavailable(exc) is not None:  # a machine's reason: _real_code_path names it
+                raise
+            raise OpUnavailable(f"builds {self.vllm_name}'s impl without a model or engine (kv_b_proj, indexer: None; no workspace manager); its __init__ raised "
                                 f"{type(exc).__name__}: {exc}", who=f"kvconform's vLLM adapter (backend {self.name})") from exc
 
     # ---------------------------------------------------------------- ops
@@ -226,7 +278,7 @@ class VllmMLABackend(VllmBackend):
         k_scale = (scale if scale is not None else torch.ones(1)).to(torch.float32).to(cache.device)
         with self.mode(), _real_code_path():
             # MLAAttention.update_kv_cache hands k_pe as [T, 1, P] and skips the scale for 1.0
-            impl.do_kv_cache_update(kv_c, k_pe.unsqueeze(1), cache, slot_mapping, spec.fmt.cache_dtype, k_scale,
+            impl.do_kv_cache_update(kv_c, k_pe.unsqueeze(1), self._as_written(cache), slot_mapping, spec.fmt.cache_dtype, k_scale,
                                     spec.fmt.cache_dtype in FP8 and float(k_scale[0]) == 1.0)
 
     def latent_gather(self, cache, block_table, seq_lens, spec: LatentSpec, *, scale):
@@ -260,7 +312,7 @@ class VllmMLABackend(VllmBackend):
     def indexer_write(self, cache, k, slot_mapping, spec: LatentSpec):
         fmt = spec.fmt
         with self.mode(), _real_code_path():
-            if self.platform == "rocm":
+            if self._device_platform() == "rocm":  # sparse_attn_indexer picks the writer by the platform it runs on
                 if interpreted():
                     raise OpUnavailable(f"ROCm's indexer_k_quant_and_cache_triton casts to fp8 under TRITON_INTERPRET=1: {INTERPRETER_FP8}", who=BUILD)
                 importlib.import_module(ROCM_INDEXER).indexer_k_quant_and_cache_triton(k, cache, slot_mapping, fmt.kv_lora_rank, fmt.scale_format)
@@ -306,10 +358,7 @@ def _single_rank_groups() -> None:
 
     if ps.model_parallel_is_initialized():
         return
-    rendezvous = tempfile.NamedTemporaryFile(prefix="kvconform-vllm-", delete=False).name
+    with tempfile.NamedTemporaryFile(prefix="kvconform-vllm-", delete=False) as file:  # gloo's file store, kept for the process
+        rendezvous = file.name
     ps.init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"file://{rendezvous}", local_rank=0, backend="gloo")
     ps.ensure_model_parallel_initialized(1, 1)
-    from vllm.v1.worker.workspace import init_workspace_manager, is_workspace_manager_initialized
-
-    if not is_workspace_manager_initialized():
-        init_workspace_manager(torch.device("cuda" if torch.cuda.is_available() else "cpu"))

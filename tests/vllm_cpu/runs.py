@@ -1,12 +1,12 @@
 """The suite runs against the real vLLM on the CPU, forked from one set-up.
 
 test_vllm_regressions.py needs one run per regression (each its own pytest session: vLLM is
-edited as it is imported), test_vllm_adapter.py the gfx942 run of every in-scope backend and a
-few runs of one backend each. Started one by one, every run imported torch and vLLM's
-dependencies again (about half of its CPU time; the gfx942 run, under xdist, three times); here
-they are all forked from one process that imported those once (tests/forked_runs.py). Each run
-is still the command line it was: its arguments, its environment, a fresh vLLM, kvconform and
-tests package.
+edited as it is imported), test_vllm_adapter.py the gfx942 run of every K/V backend and a few
+runs of one backend each, test_vllm_mla.py one run of some MLA members. Started one by one,
+every run imported torch and vLLM's dependencies again (about half of its CPU time; the gfx942
+run, under xdist, three times); here they are all forked from one process that imported those
+once (tests/forked_runs.py). Each run is still the command line it was: its arguments, its
+environment, a fresh vLLM, kvconform and tests package.
 
 They start as collection ends (tests/background.py) and run one at a time, on one core, beside the
 serial tests, which leave part of the two cores idle (waits on pip, the disk, Chromium); the
@@ -29,6 +29,14 @@ UNIFIED_SHUFFLE = "vllm:ROCM_AITER_UNIFIED_ATTN+shuffle"
 GFX1250 = {"KVCONFORM_STANDIN_GFX": "gfx1250"}
 ROCM_GFX942 = ["ROCM_AITER_FA", "ROCM_AITER_FA+shuffle", "ROCM_AITER_UNIFIED_ATTN", "ROCM_ATTN", "TRITON_ATTN", "FLASH_ATTN", "FLASHINFER"]
 GFX942 = "gfx942"
+MLA = "mla"
+# vLLM's MLA members that show each kind of verdict on a CPU: a torch writer that runs (CPU_MLA), Triton
+# and compiled paths (TRITON_MLA), AMD's MLA members with their fp8_e5m2 finding, an NVIDIA sparse
+# member with fp8_ds_mla and indexer formats (FLASHMLA_SPARSE), ROCm's sparse member and its Triton
+# indexer writer (ROCM_AITER_MLA_SPARSE), a member that has no impl (FLASHMLA_SPARSE_DSV4) and one
+# that does not import here (CUTLASS_MLA).
+MLA_MEMBERS = ["CPU_MLA", "TRITON_MLA", "ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA", "FLASHMLA_SPARSE", "ROCM_AITER_MLA_SPARSE", "FLASHMLA_SPARSE_DSV4", "CUTLASS_MLA"]
+MLA_EXPECTATIONS = os.path.join(ROOT, "docs", "expectations", "vllm-0.33.0-mla.txt")
 
 
 def regression(name: str) -> str:
@@ -41,7 +49,7 @@ def regression(name: str) -> str:
 FIRST = (regression("rocm_swap_indexes_dim1"), GFX942)
 JOB = "vllm-runs"
 TIMEOUT = 3600  # s, for all the runs together
-READERS = ("test_vllm_adapter.py", "test_vllm_regressions.py")
+READERS = ("test_vllm_adapter.py", "test_vllm_regressions.py", "test_vllm_mla.py")
 _out: list[str] = []  # the runs' scratch directory, once registered
 
 
@@ -54,6 +62,7 @@ def plan() -> dict[str, tuple[tuple[str, ...], dict]]:
     runs.update({
         "unified-shuffle": (unified, GFX1250),
         "unified-shuffle-gated": ((*unified, "--expectations", os.path.join(ROOT, "docs", "expectations", "vllm-0.33.0.txt")), GFX1250),
+        MLA: ((*PLUGIN, "-q", "--backend", ",".join(f"vllm:{m}" for m in MLA_MEMBERS), "--expectations", MLA_EXPECTATIONS), {}),
         **{f"e1-era:{name}": ((*PLUGIN, "-q", "--backend", f"tests.vllm_cpu.e1_era:{name}"), {})
            for name in ("blocks_first_hnd", "kv_first_rocm_attn", "neither_api")},
     })
