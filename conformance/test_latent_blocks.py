@@ -5,9 +5,9 @@ region with its values region; nothing else changes on either side."""
 import pytest
 import torch
 
-from .harness.latent import allocate, assert_latent_bytes_equal, filled, inputs_of, latent_spec, synchronize
-
 from kvconform import reference as R
+
+from .harness.latent import allocate, assert_inputs_unchanged, assert_latent_bytes_equal, filled, inputs_of, latent_spec, synchronize
 
 pytestmark = [pytest.mark.kvc_layouts("latent")]
 MAPPING = [[1, 4], [5, 0], [3, 2]]  # the first and last blocks both ways; sources before and after destinations
@@ -25,9 +25,10 @@ def test_copy_moves_whole_records_and_indexer_pages_of_every_layer(case, latent_
     arena, _ = filled(case, spec, case.seed)
     expected = arena.snapshot()
     (mapping,), (pristine,) = inputs_of(case, torch.tensor(MAPPING))
-    R.latent.copy_latent_blocks(expected.region, spec.geometry, pristine)
+    R.latent.copy_latent_blocks(expected.region, spec.geometry, pristine.clone())
     case.backend.latent_copy(arena.cache, mapping, spec)
     synchronize(case)
+    assert_inputs_unchanged("copy", case, {"block_mapping": (pristine, mapping)})
     assert_latent_bytes_equal("copy", case, expected, arena, f"block mapping {MAPPING}, {spec.geometry.num_layers} layers")
 
 
@@ -44,7 +45,9 @@ def test_swap_moves_whole_blocks_of_every_layer_between_device_and_host(case, la
     expected_src, expected_dst = src.snapshot(), dst.snapshot()
     R.latent.swap_latent_blocks(expected_src.region, spec.geometry, expected_dst.region, spec.geometry, src_ids, dst_ids)
     on = lambda arena, ids: ids.to(arena.buffer.device)  # noqa: E731 - ids live with the cache they index
-    case.backend.latent_swap(src.cache, spec, dst.cache, spec, on(src, src_ids), on(dst, dst_ids))
+    handed = on(src, src_ids), on(dst, dst_ids)
+    case.backend.latent_swap(src.cache, spec, dst.cache, spec, *handed)
     synchronize(case)
+    assert_inputs_unchanged("swap", case, {"src_ids": (torch.tensor([1, 5, 3]), handed[0]), "dst_ids": (torch.tensor([4, 0, 2]), handed[1])})
     assert_latent_bytes_equal("swap", case, expected_dst, dst, f"swap {direction}: blocks {src_ids.tolist()} -> {dst_ids.tolist()}")
     assert_latent_bytes_equal("swap", case, expected_src, src, f"swap {direction}: the source must not change")

@@ -10,7 +10,7 @@ import torch
 from kvconform import reference as R
 
 from .harness.latent import (
-    assert_latent_bytes_equal, assert_rows_equal, copy_records, declared_op, default_scale, filled, inputs_of, latent_rows, latent_spec, probe_arena,
+    assert_inputs_unchanged, assert_latent_bytes_equal, assert_rows_equal, copy_records, declared_op, default_scale, filled, inputs_of, latent_rows, latent_spec, probe_arena,
     probe_spec, probe_twin, reference_write, slots_of, synchronize,
 )
 from .harness.assertions import assert_close
@@ -30,10 +30,13 @@ def gather(case, arena, twin, table, lens):
     spec, scale = arena.spec, default_scale(arena.spec.fmt)
     (d_table, d_lens), (table, lens) = inputs_of(case, table, lens)
     if spec.fmt.kind == "indexer":
+        expected = R.latent.gather_indexer(twin.region, spec.geometry, table, lens, layer=spec.layer)
         got = case.backend.indexer_gather(arena.cache, d_table, d_lens, spec)
-        return got, R.latent.gather_indexer(twin.region, spec.geometry, table, lens, layer=spec.layer)
-    got = case.backend.latent_gather(arena.cache, d_table, d_lens, spec, scale=None if scale is None else scale.to(case.device))
-    return got, R.latent.gather_latent(twin.region, spec.geometry, table, lens, scale=scale, layer=spec.layer)
+    else:
+        expected = R.latent.gather_latent(twin.region, spec.geometry, table, lens, scale=scale, layer=spec.layer)
+        got = case.backend.latent_gather(arena.cache, d_table, d_lens, spec, scale=None if scale is None else scale.to(case.device))
+    assert_inputs_unchanged("read", case, {"block_table": (table, d_table), "seq_lens": (lens, d_lens)})
+    return got, expected
 
 
 @pytest.mark.kvc_clause("LATENT-GATHER", "DSMLA-UPCONVERT", "MLA-WRITE-FP8")
@@ -89,8 +92,9 @@ def test_mla_decode_equals_sdpa_on_the_dense_latent(case, latent_format):
     softmax_scale = fmt.width() ** -0.5
     dense = R.latent.gather_latent(twin.region, spec.geometry, table, lens, scale=default_scale(fmt))
     expected = sdpa_on_dense_latent(query, dense, lens, fmt.kv_lora_rank, softmax_scale)
-    (d_query, d_table, d_lens, d_scale), _ = inputs_of(case, query, table, lens, default_scale(fmt))
+    (d_query, d_table, d_lens, d_scale), before = inputs_of(case, query, table, lens, default_scale(fmt))
     got = case.backend.latent_decode(d_query, arena.cache, d_table, d_lens, spec, scale=d_scale, softmax_scale=softmax_scale)
+    assert_inputs_unchanged("read", case, dict(zip(("query", "block_table", "seq_lens", "scale"), zip(before, (d_query, d_table, d_lens, d_scale)))))
     synchronize(case)
     # The output is rounded to the model dtype once (MLA-DECODE): half an ulp, plus float32 summation order.
     ulp = 2.0**-8 if fmt.model_dtype == torch.bfloat16 else 2.0**-11
