@@ -9,7 +9,6 @@ it a failure. docs/REAL_KERNELS.md has the tables.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -24,13 +23,9 @@ import torch
 
 from kvconform import reference as R
 
+from .real_kernels_gpu import lmcache_sdist
 from .suite_runs import ROOT, run_suite
 
-SDIST_SHA256 = "d6951e60ce8818a76aa42d0866a4ba85f1c95cd919355fff30ff24dcc3243f1e"
-# By URL: the sdist's metadata says version 0.0.0 (it is derived from git, absent in an sdist), so
-# `pip download lmcache==0.5.6 --no-binary :all:` discards the very file it found.
-SDIST_URL = ("https://files.pythonhosted.org/packages/84/25/3ccd46844c94e08897aa8d72716a538c07e4583410d84dbc6cd12cb60dc1/"
-             "lmcache-0.5.6.tar.gz")
 EXPECTATIONS = ROOT / "docs" / "expectations" / "lmcache-0.5.6.txt"
 WIRE_CHECKS = ("test_exported_blocks_import_bit_for_bit", "test_block_size_translation_keeps_every_token")
 
@@ -51,8 +46,10 @@ def pip(*args: str, into: Path) -> Path:
 
 def build_tree(into: Path) -> Path:
     """The pinned sdist unpacked, ``lmcache_native`` compiled in place, ``cachetools`` beside it."""
-    sdist = next(pip("--no-build-isolation", SDIST_URL, into=into / "sdist").glob("lmcache-*.tar.gz"))
-    assert hashlib.sha256(sdist.read_bytes()).hexdigest() == SDIST_SHA256, f"{sdist.name} is not the sdist docs/REAL_KERNELS.md was measured on"
+    try:
+        sdist = lmcache_sdist.fetch(into / "sdist")  # the pin the GPU recipe (prepare.sh) fetches too
+    except lmcache_sdist.FetchError as exc:  # a file that is not the pinned one (WrongFile) fails the test
+        unavailable(str(exc))
     with tarfile.open(sdist) as tar:
         tar.extractall(into, filter="data")
     tree = into / "lmcache-0.5.6"

@@ -16,12 +16,12 @@ site=$(mktemp -d) && tar -xJf "$carry/vllm-bundle.tar.xz" -C "$site"
 export PYTHONPATH="$tree:$site/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 unset TRITON_INTERPRET
 expectations=(); [ -f docs/expectations/flashinfer-0.7.2.post1.txt ] && expectations=(--kvc-expectations docs/expectations/flashinfer-0.7.2.post1.txt)
-timeout 420 python3 -m tests.real_kernels_gpu.flashinfer_jit > "$out/jit.log" 2>&1; tail -1 "$out/jit.log"
+timeout 420 python3 -m tests.real_kernels_gpu.flashinfer_jit > "$out/jit.log" 2>&1; tail -n 1 "$out/jit.log"
 timeout 60 python3 -m tests.real_kernels_gpu.flashinfer_dtype_probe > "$out/dtype-probe.txt" 2>&1; cat "$out/dtype-probe.txt"
 timeout 300 python3 -m pytest --pyargs kvconform.conformance -q -p no:cacheprovider --kvc-backend flashinfer:nhd,flashinfer:hnd -n 4 \
     --kvc-json "$out/results.json" --kvc-html "$out/results.html" "${expectations[@]}" \
     > "$out/suite.log" 2>&1
 status=$?
 gzip -f "$out/results.json"
-tail -4 "$out/suite.log"
+tail -n 4 "$out/suite.log"
 exit $status

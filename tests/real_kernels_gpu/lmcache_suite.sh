@@ -23,4 +23,4 @@ KVCONFORM_LMCACHE="$tree" python3 -m pytest --pyargs kvconform.conformance -q -p
     --kvc-backend lmcache:NHD,lmcache:HND,lmcache:kv_first_NHD,lmcache:kv_first_HND --kvc-device cuda \
     --kvc-json "$out/results.json" --kvc-html "$out/results.html" --kvc-expectations docs/expectations/lmcache-0.5.6.txt > "$out/suite.log" 2>&1
 echo "== suite exit $?" >> "$out/suite.log"
-tail -3 "$out/build.log" "$out/suite.log"
+tail -n 3 "$out/build.log" "$out/suite.log"

@@ -31,8 +31,8 @@ z = zipfile.ZipFile(sys.argv[1])
 z.extractall(sys.argv[2], [n for n in z.namelist() if not n.startswith("flashinfer/data/") or n.startswith(page)])' "$wheels"/flashinfer_python-*.whl "$tree"
 tar -cJf "$carry/flashinfer.tar.xz" -C "$tree" .
 
-# LMCache 0.5.6's sdist (lmcache_suite.sh); NO_CUDA_EXT=1 lets pip prepare its metadata without a CUDA torch.
-[ -f "$carry/lmcache-0.5.6.tar.gz" ] || NO_CUDA_EXT=1 "$py" -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$carry" lmcache==0.5.6
+# LMCache 0.5.6's sdist (lmcache_suite.sh), by URL and sha256-checked as the CPU tests fetch it (lmcache_sdist.py).
+"$py" -m tests.real_kernels_gpu.lmcache_sdist "$carry" > /dev/null
 ls "$carry"/cachetools-*.whl > /dev/null 2>&1 || "$py" -m pip download -q --no-deps --only-binary=:all: -d "$carry" cachetools  # lmcache.utils imports it
 
 # Stable-ABI headers of this torch, with vLLM's fix for 2.13's (cmake/patches/pytorch_stable_string.patch,

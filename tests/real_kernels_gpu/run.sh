@@ -18,7 +18,7 @@ set -uo pipefail
 carry=$(cd "$1" && pwd); out=$(mkdir -p "$2" && cd "$2" && pwd); only=${3:-FLASH_ATTN,FLEX_ATTENTION,ROCM_ATTN,FLASHINFER}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 unset TRITON_INTERPRET
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"; nvcc --version | tail -1; } > "$out/versions.txt" 2>&1
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"; nvcc --version | tail -n 1; } > "$out/versions.txt" 2>&1
 
 # 0. LMCache's CUDA ops built from its sdist, then the connector family on lmcache:NAME (item 3 of issue #24).
 ( [ -f "$carry/lmcache-0.5.6.tar.gz" ] && timeout 450 tests/real_kernels_gpu/lmcache_suite.sh "$carry/lmcache-0.5.6.tar.gz" "$out/lmcache" \
@@ -32,7 +32,7 @@ if ! python3 tests/real_kernels_gpu/build_cache_ops.py "$carry/vllm-src" "$build
 fi
 library="$build/vllm_0_33_0_cache_ops.so"
 [ -f "$library" ] && export KVCONFORM_VLLM_CACHE_OPS="$library"
-tail -2 "$out/build.log"
+tail -n 2 "$out/build.log"
 
 # 2. In parallel: vLLM members through the compiled ops, AITER compiled, CUDA vs Triton writers.
 site=$(mktemp -d)/unpacked && mkdir -p "$site" && tar -xJf "$carry/vllm-bundle.tar.xz" -C "$site"
@@ -47,4 +47,4 @@ flashinfer=$(mktemp -d) && tar -xJf "$carry/flashinfer.tar.xz" -C "$flashinfer"
 ( PYTHONPATH="$flashinfer:$site/site:$PWD" timeout 300 python3 -m tests.real_kernels_gpu.flashinfer_page > "$out/flashinfer-page.txt" 2>&1;
   tests/real_kernels_gpu/flashinfer_suite.sh "$carry" "$out/flashinfer" > /dev/null 2>&1 ) &
 wait
-tail -5 "$out/vllm-run.log" "$out/aiter/suite.log" "$out/flashinfer/suite.log"; cat "$out/agreement.txt" | tail -3
+tail -n 5 "$out/vllm-run.log" "$out/aiter/suite.log" "$out/flashinfer/suite.log"; tail -n 3 "$out/agreement.txt"
