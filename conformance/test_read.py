@@ -12,7 +12,7 @@ from kvconform import reference as R
 from .harness.assertions import assert_close
 from .harness.big_caches import probe_arena, probe_geometry
 from .harness.exercised import note_blocks
-from .harness.case import token_rows
+from .harness.case import fixed_scales, token_rows
 from .harness.strategies import scales, specs
 
 pytestmark = [pytest.mark.read, pytest.mark.kvc_op("decode")]
@@ -33,7 +33,7 @@ def test_paged_decode_equals_sdpa_on_the_dense_kv(case, data):
 def test_decode_of_each_declared_cache_dtype_equals_sdpa(case, cache_dtype):
     # Unequal scales: an fp8 cache must dequantise K with k_scale and V with v_scale.
     spec = case.spec_for(cache_dtype)
-    decode_and_compare(case, spec, [spec.geometry.block_size + 3], 1, torch.tensor([0.5]), torch.tensor([2.0]))
+    decode_and_compare(case, spec, [spec.geometry.block_size + 3], 1, *fixed_scales())
 
 
 @pytest.mark.kvc_clause("READ-DECODE", "READ-LAYER")
@@ -50,7 +50,7 @@ def test_decode_reads_the_last_blocks_of_a_cache_past_2_31_elements(case):
     spec = case.spec(g, kv_cache_dtype)
     last = g.num_blocks - 1
     table = torch.tensor([[last, last - 1]])
-    decode_and_compare(case, spec, [g.block_size + 3], 1, torch.tensor([0.5]), torch.tensor([2.0]), table=table, arena=probe_arena(case, spec))
+    decode_and_compare(case, spec, [g.block_size + 3], 1, *fixed_scales(), table=table, arena=probe_arena(case, spec))
 
 
 def decode_and_compare(case, spec, seq_lens, group, k_scale, v_scale, *, table=None, arena=None):

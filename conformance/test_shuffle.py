@@ -6,7 +6,7 @@ tiles at each side's block base, honouring the K and V block strides of a blocks
 import pytest
 import torch
 
-from .harness.case import FP8_KV_CACHE_DTYPES, token_rows
+from .harness.case import FP8_KV_CACHE_DTYPES, fixed_scales, token_rows
 from .harness.ops import write_and_compare
 from .harness.strategies import geometry_choices
 
@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.shuffle, pytest.mark.kvc_op("write"), pytest.mark.kvc_
 
 
 def shuffled_write(case, spec, key, value, slots, note):
-    write_and_compare(case, "shuffle", spec, key, value, slots, torch.tensor([2.0]), torch.tensor([0.5]), note)
+    write_and_compare(case, "shuffle", spec, key, value, slots, *fixed_scales(), note)
 
 
 def last_rows_of_every_block(g):

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from .harness import ops
 from .harness.big_caches import assert_arenas_equal, expected_arena, probe_arena, probe_geometry
-from .harness.case import fp8_edge_rows, token_rows
+from .harness.case import fixed_scales, fp8_edge_rows, token_rows
 from .harness.ops import backend_write, reference_write, synchronize
 from .harness.strategies import write_cases
 
@@ -36,7 +36,7 @@ def test_each_declared_cache_dtype_is_written_at_reference_offsets(case, cache_d
     N = spec.geometry.block_size
     slots = torch.tensor([2 * N, 3 * N - 1, 4 * N + 1, -1, 5 * N - 2])
     key, value = token_rows(spec, len(slots), case.seed)
-    write_and_compare(case, spec, key, value, slots, torch.tensor([0.5]), torch.tensor([2.0]), cache_dtype.label)
+    write_and_compare(case, spec, key, value, slots, *fixed_scales(), cache_dtype.label)
 
 
 @pytest.mark.kvc_clause("WRITE-SLOT", "WRITE-ONLY-TARGET", "WRITE-LAYER", *LAYOUTS)
@@ -117,8 +117,8 @@ def test_last_block_of_a_cache_past_2_31_elements_is_written(case):
     key, value = token_rows(spec, 4, case.seed)
     arena = probe_arena(case, spec)
     expected = expected_arena(arena)
-    reference_write(case, expected, key, value, slots, torch.tensor([0.5]), torch.tensor([0.5]))
-    backend_write(case, arena, key, value, slots, torch.tensor([0.5]), torch.tensor([0.5]))
+    reference_write(case, expected, key, value, slots, *fixed_scales())
+    backend_write(case, arena, key, value, slots, *fixed_scales())
     synchronize(case)
     first_element = int(spec.layout.offsets(g, block=last))
     assert_arenas_equal("write", case, expected, arena, f"{g.num_blocks} blocks, last block at element {first_element} > 2^31")

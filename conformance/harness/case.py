@@ -145,6 +145,14 @@ def storage_of_its_own(region: torch.Tensor) -> torch.Tensor:
     return torch.from_dlpack(region)
 
 
+def fixed_scales() -> tuple[torch.Tensor, torch.Tensor]:
+    """``(k_scale, v_scale)`` of the fixed fp8 checks: powers of two, so ``x / scale`` is exact and
+    the expected codes are exact, and unequal and not reciprocal, so each scale fault gives codes of
+    its own — V quantised with k_scale (``x / 0.5``) is not V quantised as ``x · v_scale``
+    (``x · 4``), which 0.5 and 2.0 made identical (#38 item 4; tests/test_fixed_scales.py)."""
+    return torch.tensor([0.5]), torch.tensor([4.0])
+
+
 def token_rows(spec: CacheSpec, rows: int, seed: int, *, contiguous: bool = False, magnitude: float = 4.0):
     """Key and value ``[rows, H, D]`` in the model dtype.
 
