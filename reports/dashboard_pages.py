@@ -78,7 +78,7 @@ def _environment() -> Environment:
         failing=FAILING, byte_map_svg=byte_map_svg, draw_summary=draw_summary,  # what test_detail.j2 reads
         symbol=SYMBOL, word=WORD, worst=worst, short_counts=short_counts, date=date, counts_text=counts_text,
         counts_text_of=lambda counts: short_counts(counts), first_sentence=first_sentence, reason_text=reason_text,
-        verdict_cell=verdict_cell,
+        verdict_cell=verdict_cell, partial_run=lambda run: headline(run.document),  # the PARTIAL RUN line every output shows, or None
         legend_order=("passed", "failed", "crashed", "expected-failure", "unexpected-pass", "not-applicable"),
     )
     return env

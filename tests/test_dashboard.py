@@ -304,3 +304,12 @@ def test_the_field_dashboard_builds_and_in_chromium_every_cell_links_to_a_page_t
     for href in cells:
         path, _, fragment = href.partition("#")
         assert (out / path).is_file() and (not fragment or fragment in Page(out / path).ids), href
+
+
+def test_a_partial_run_says_so_in_its_grid_row(tmp_path):
+    doc = vllm_run("0.34.0", "failed", "passed", "passed", 1)
+    doc["completion"] = {"complete": False, "reasons": [{"kind": "filtered", "what": "-m write selects part of the suite"}]}
+    d = dashboard.build([str(write(tmp_path / "partial.json", doc))], str(tmp_path / "site"))
+    row = (tmp_path / "site" / "index.html").read_text().split(f'data-entry="{d.entries[0].id}"')[1].split("</tr>")[0]
+    assert re.search(r'class="partial-run" title="PARTIAL RUN \(filtered: -m write selects part of the suite\)[^"]*">partial run<', row)
+    assert json.loads((tmp_path / "site" / "index.json").read_text())["runs"][0]["complete"] is False
