@@ -15,6 +15,7 @@ import torch
 from kvconform.reference import compat
 from kvconform import reference as R
 
+from .input_mutants import INPUT_MUTANTS
 from .latent_mutants import LATENT_MUTANTS
 from .quant_mutants import QUANT_MUTANTS
 from .reference_backend import ReferenceBackend, flat_storage, view_over
@@ -1197,3 +1198,4 @@ MUTANTS = {
 }
 MUTANTS.update(LATENT_MUTANTS)  # latent caches (latent_mutants.py)
 MUTANTS.update(QUANT_MUTANTS)  # per-token-head quantised caches (quant_mutants.py)
+MUTANTS.update(INPUT_MUTANTS)  # ops that change their inputs (input_mutants.py, SPEC OP-INPUTS-UNCHANGED)

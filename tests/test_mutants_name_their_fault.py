@@ -7,6 +7,7 @@ from collections import defaultdict
 
 import pytest
 
+from kvconform.backends_under_test.input_mutants import INPUT_MUTANTS
 from kvconform.backends_under_test.latent_mutants import LATENT_MUTANTS
 from kvconform.backends_under_test.mutants import MUTANTS
 from kvconform.backends_under_test.quant_mutants import QUANT_MUTANTS
@@ -89,6 +90,9 @@ UNNAMED = {
 # moved), not in the K/V diagnosis' fault classes.
 UNNAMED.update({m: "a latent-cache fault: its failures are told by record, field and byte (harness/latent.py)"
                 for m in LATENT_MUTANTS if set(MUTANTS[m].catches) & BYTE_FAMILIES})
+# Input-changing faults fail OP-INPUTS-UNCHANGED before any cache byte is compared (harness/oracle_guard.py).
+UNNAMED.update({m: "an op that changes its inputs: its failure names the argument and its first changed element"
+                for m in INPUT_MUTANTS if set(MUTANTS[m].catches) & BYTE_FAMILIES})
 # Per-token-head faults are told in cell coordinates by harness/quant.py (layer, block, slot, head, field, byte).
 UNNAMED.update({m: "a per-token-head cache fault: its failures are told by cell, field and byte (harness/quant.py)"
                 for m in QUANT_MUTANTS if set(MUTANTS[m].catches) & BYTE_FAMILIES})

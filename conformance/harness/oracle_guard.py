@@ -297,6 +297,9 @@ class _Handed:
                 _fail(backend, op, names[0], f"the memory {' and '.join(names)} share changed outside them (byte {byte} of that storage)")
 
 
+EXACT_OFFSETS = 16 << 20
+
+
 def _copyable(t: torch.Tensor) -> bool:
     return t.device.type != "meta" and t.layout == torch.strided
 
@@ -320,7 +323,9 @@ def hand_over(arguments: dict, memory: dict | None = None) -> _Handed:
         entry[1], entry[2] = min(entry[1], lo), max(entry[2], hi)
     copies = {}
     for key, (storage, lo, hi) in spans.items():
-        lo -= lo % 64  # the copy keeps the view's alignment to 64 bytes (what vectorised loads ask)
+        # the copy keeps each view's storage offset; past EXACT_OFFSETS bytes only its alignment to
+        # 64 bytes (what vectorised loads ask), not a copy of everything before it
+        lo = 0 if storage.nbytes() <= EXACT_OFFSETS else lo - lo % 64
         raw = torch.empty(0, dtype=torch.uint8, device=key[1]).set_(storage, 0, (storage.nbytes(),), (1,))
         copies[key] = (raw[lo:hi], raw[lo:hi].clone(), lo)
 

@@ -1,0 +1,68 @@
+"""Seeded faults of one class: an op that computes right and changes the inputs it was given
+(SPEC OP-INPUTS-UNCHANGED). Each caller of such a kernel sees its own tensors change — vLLM
+reuses ``slot_mapping``, the scales and the block tables across layers and steps — and before
+the suite handed ops copies of their inputs (conformance/harness/oracle_guard.py) a decode that
+scaled ``query`` in place also bent the expected value computed from it."""
+
+from __future__ import annotations
+
+from .reference_backend import ReferenceBackend
+
+
+class InputMutant(ReferenceBackend):
+    catches: tuple[str, ...] = ()  # check families that must fail (mutants.Mutant)
+    suite_args: tuple[str, ...] = ()
+
+
+class WriteDestroysItsInputs(InputMutant):
+    """Writes every token right, then uses ``key``, ``value``, ``slot_mapping`` and ``k_scale`` as
+    scratch: zeroes the rows, marks every slot padding, zeroes the scale."""
+
+    catches = ("write",)
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
+        key.zero_()
+        value.zero_()
+        slot_mapping.fill_(-1)
+        k_scale.zero_()
+
+
+class DecodeScalesQueryInPlace(InputMutant):
+    """Applies the softmax scale by multiplying the caller's ``query`` in place and then decodes
+    with scale 1: the output is right, the caller's query is not its own any more."""
+
+    catches = ("read",)
+
+    def decode(self, cache, query, block_table, seq_lens, spec, *, scale, k_scale, v_scale):
+        query.mul_(scale)
+        return super().decode(cache, query, block_table, seq_lens, spec, scale=1.0, k_scale=k_scale, v_scale=v_scale)
+
+
+class CopyBlocksSortsItsMapping(InputMutant):
+    """Copies every pair right, after sorting ``block_mapping``'s rows in place by source block
+    (a kernel that orders its work by reordering the caller's tensor)."""
+
+    catches = ("copy",)
+
+    def copy_blocks(self, cache, block_mapping, spec):
+        block_mapping.copy_(block_mapping[block_mapping[:, 0].argsort()])
+        super().copy_blocks(cache, block_mapping, spec)
+
+
+class SwapOutConsumesItsIds(InputMutant):
+    """Swaps every block right, then zeroes ``src_ids`` (used as a completion list)."""
+
+    catches = ("swap",)
+
+    def swap_out(self, cache, host_cache, src_ids, dst_ids, spec):
+        super().swap_out(cache, host_cache, src_ids, dst_ids, spec)
+        src_ids.zero_()
+
+
+INPUT_MUTANTS = {
+    "write_destroys_its_inputs": WriteDestroysItsInputs,
+    "decode_scales_query_in_place": DecodeScalesQueryInPlace,
+    "copy_blocks_sorts_its_mapping": CopyBlocksSortsItsMapping,
+    "swap_out_consumes_its_ids": SwapOutConsumesItsIds,
+}
