@@ -53,3 +53,13 @@ def test_compiled_cache_ops_are_not_applicable_with_the_op_named(mla):
 def test_members_without_an_impl_or_an_import_say_why(mla):
     assert any("no attention impl" in m and "compress_ratio" in m for m in reasons(mla, "FLASHMLA_SPARSE_DSV4"))
     assert any("cannot be imported" in m for m in reasons(mla, "CUTLASS_MLA"))
+
+
+def test_every_write_check_that_passes_on_cpu_mla_fails_on_a_cpu_mla_regression(mla):
+    """CPU_MLA's writer is the one MLA writer that runs here: each write or golden-digest check it
+    passes is failed by a bug edited into cpu_mla.py (tests/vllm_cpu/regressions.py)."""
+    from .vllm_cpu.regressions import REGRESSIONS
+
+    passing = {r["check"] for r in records(mla, "vllm:CPU_MLA") if r["outcome"] == "passed" and r["family"] in ("write", "equivalence")}
+    covered = set().union(*(r.fails for r in REGRESSIONS.values() if r.backend == "vllm:CPU_MLA"))
+    assert passing and passing - covered == set()

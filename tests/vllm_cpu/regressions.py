@@ -46,6 +46,9 @@ class Regression:
 
 
 FLASH = "vllm.v1.attention.ops.triton_reshape_and_cache_flash"
+CPU_MLA = "vllm.v1.attention.backends.mla.cpu_mla"
+CPU_MLA_ROWS = ("        flat[slots, :kv_lora_rank] = kv_c_normed.to(target_dtype)\n"
+                "        flat[slots, kv_lora_rank:] = k_pe_sq.view(-1, pe_dim).to(target_dtype)\n")
 SHUFFLE_KERNEL = "vllm.v1.attention.backends.rocm_aiter_fa"
 
 REGRESSIONS = {
@@ -183,6 +186,22 @@ REGRESSIONS = {
                "test_single_kv_head_with_degenerate_head_stride_is_written", "test_written_elements_land_at_reference_offsets_and_nothing_else_changes",
                "test_shuffled_tiles_stay_inside_their_block_and_side", "test_v_is_written_in_the_v_tile_not_the_k_tile",
                "test_a_prefill_run_of_consecutive_slots_is_written_like_scattered_ones"),
+    ),
+    "cpu_mla_writes_padding_slots": Regression(
+        "CPU_MLA's do_kv_cache_update no longer drops the -1 padding slots: slot -1 indexes the cache's last row",
+        (Edit(CPU_MLA, "        if not valid_mask.all().item():\n", "        if False:\n"),),
+        backend="vllm:CPU_MLA", select="latent and write",
+        fails=("test_padding_slots_leave_the_latent_cache_untouched", "test_latent_records_land_in_their_slots_and_nothing_else_changes"),
+        passes=("test_latent_rows_are_read_through_their_strides",),
+    ),
+    "cpu_mla_rope_first": Regression(
+        "CPU_MLA's do_kv_cache_update stores k_pe before kv_c in each record (the record order of another layout)",
+        (Edit(CPU_MLA, CPU_MLA_ROWS, CPU_MLA_ROWS.replace("[slots, :kv_lora_rank]", "[slots, pe_dim:]").replace("[slots, kv_lora_rank:]", "[slots, :pe_dim]")),),
+        backend="vllm:CPU_MLA", select="latent and (write or equivalence)",
+        fails=("test_latent_records_land_in_their_slots_and_nothing_else_changes", "test_latent_rows_are_read_through_their_strides",
+               "test_every_declared_block_size_and_the_last_layer_are_written_at_reference_offsets",
+               "test_last_block_of_a_latent_cache_past_2_31_bytes_is_written", "test_golden_records_hash_to_the_stored_digest_of_their_format"),
+        passes=("test_padding_slots_leave_the_latent_cache_untouched",),
     ),
 }
 
