@@ -154,9 +154,7 @@ def set_random_seed(seed):
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory):
     """vLLM's test code, one namespace, its imports replaced by the stand-ins above."""
-    cache = tmp_path_factory.getbasetemp() / "vllm_sdist"  # one download a session, whichever module asks first
-    cache.mkdir(exist_ok=True)
-    sources = vllm_sdist.read_sources(vllm_sdist.sdist(cache), tuple(TAKEN))
+    sources = vllm_sdist.read_sources(vllm_sdist.sdist(tmp_path_factory), tuple(TAKEN))
     text = "\n\n".join(vllm_sdist.definitions(sources[name], *names) for name, names in TAKEN.items())
     # The indexer tests allocate on "cuda" by a literal; the only edit made to vLLM's text.
     assert text.count('device = "cuda"') == 1
@@ -284,9 +282,7 @@ def on_grid_keys(tokens, dtype, seed):
 def vllm_rocm_indexer_writes(tmp_path_factory):
     """Every ROCM_CASES case written by vLLM's ROCm Triton writer, in one process."""
     directory = tmp_path_factory.mktemp("vllm_rocm_indexer")
-    cache = tmp_path_factory.getbasetemp() / "vllm_sdist"
-    cache.mkdir(exist_ok=True)
-    source = vllm_sdist.read_sources(vllm_sdist.sdist(cache), (ROCM_OPS,))[ROCM_OPS]
+    source = vllm_sdist.read_sources(vllm_sdist.sdist(tmp_path_factory), (ROCM_OPS,))[ROCM_OPS]
     definitions = vllm_sdist.definitions(source, "_indexer_k_quant_and_cache_kernel", "indexer_k_quant_and_cache_triton")
     script = directory / "vllm_rocm_indexer.py"
     script.write_text(ROCM_DRIVER.format(definitions=definitions))

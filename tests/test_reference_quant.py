@@ -82,7 +82,7 @@ if __name__ == "__main__":
 def vllm(tmp_path_factory):
     """vLLM's writer, view code and test reference, loaded without vLLM."""
     directory = tmp_path_factory.mktemp("vllm_pth")
-    src = vllm_sdist.read_sources(vllm_sdist.sdist(directory), (WRITER, BACKEND, TESTS))
+    src = vllm_sdist.read_sources(vllm_sdist.sdist(tmp_path_factory), (WRITER, BACKEND, TESTS))
     views = vllm_sdist.definitions(src[BACKEND], "TritonAttentionImpl._ensure_scale_caches", "TritonAttentionImpl._pth_key_value_caches")
     inline_import = "from vllm.utils.torch_utils import get_dtype_size"
     assert inline_import in views, "vLLM's _ensure_scale_caches changed its import; update the stand-ins"

@@ -31,9 +31,12 @@ def unavailable(why: str):
     pytest.skip(why)
 
 
-def sdist(cache_dir: Path) -> Path:
-    """The sdist: ``KVCONFORM_VLLM_SDIST``, or downloaded into ``cache_dir``; sha256 checked."""
+def sdist(tmp_path_factory) -> Path:
+    """The sdist: ``KVCONFORM_VLLM_SDIST``, or downloaded once a session (per xdist worker) into the
+    session's base temporary directory, whichever test asks first; sha256 checked."""
     local = os.environ.get("KVCONFORM_VLLM_SDIST")
+    cache_dir = tmp_path_factory.getbasetemp() / "vllm_sdist"
+    cache_dir.mkdir(exist_ok=True)
     path = Path(local) if local else cache_dir / "vllm-0.33.0.tar.gz"
     if not path.exists():
         if local:
