@@ -29,14 +29,16 @@ class WriteDestroysItsInputs(InputMutant):
 
 
 class DecodeScalesQueryInPlace(InputMutant):
-    """Applies the softmax scale by multiplying the caller's ``query`` in place and then decodes
-    with scale 1: the output is right, the caller's query is not its own any more."""
+    """Ignores the softmax scale (decodes with scale 1), then multiplies the caller's ``query`` in
+    place by ``1 / scale``: an oracle computed from that query afterwards expects the same wrong
+    output (it passed every read check before the suite handed ops copies)."""
 
     catches = ("read",)
 
     def decode(self, cache, query, block_table, seq_lens, spec, *, scale, k_scale, v_scale):
-        query.mul_(scale)
-        return super().decode(cache, query, block_table, seq_lens, spec, scale=1.0, k_scale=k_scale, v_scale=v_scale)
+        out = super().decode(cache, query, block_table, seq_lens, spec, scale=1.0, k_scale=k_scale, v_scale=v_scale)
+        query.mul_(1 / scale)
+        return out
 
 
 class CopyBlocksSortsItsMapping(InputMutant):
