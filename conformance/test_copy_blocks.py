@@ -34,7 +34,7 @@ def test_copy_blocks_copies_both_planes_of_every_slot(case, cache_dtype):
     copy_and_compare(case, spec, torch.tensor([[2, 5], [7, 3], [4, 6]]), f", {cache_dtype.label}")
 
 
-@pytest.mark.kvc_clause("COPY-WHOLE-BLOCK")
+@pytest.mark.kvc_clause("COPY-WHOLE-BLOCK", "OP-INPUTS-UNCHANGED")
 @given(data=st.data())
 def test_copy_blocks_moves_only_the_mapped_blocks(case, data):
     spec = data.draw(specs(case, num_blocks=(4, 8)))

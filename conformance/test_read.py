@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.read, pytest.mark.kvc_op("decode")]
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
 
-@pytest.mark.kvc_clause("READ-DECODE", "READ-FP8-DEQUANT")
+@pytest.mark.kvc_clause("READ-DECODE", "READ-FP8-DEQUANT", "OP-INPUTS-UNCHANGED")
 @given(data=st.data())
 def test_paged_decode_equals_sdpa_on_the_dense_kv(case, data):
     spec = data.draw(specs(case, num_blocks=(6, 8)))

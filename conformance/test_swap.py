@@ -26,7 +26,7 @@ def swap_out(case, spec, src_ids, dst_ids):
     return device, host, expected, before
 
 
-@pytest.mark.kvc_clause("SWAP-DIM0", "SWAP-INTACT")
+@pytest.mark.kvc_clause("SWAP-DIM0", "SWAP-INTACT", "OP-INPUTS-UNCHANGED")
 def test_swap_out_places_each_block_at_its_host_slot(case, cache_dtype):
     spec = case.spec_for(cache_dtype, num_blocks=7)
     src, dst = block_ids(spec.geometry, 3, case.seed), block_ids(spec.geometry, 3, case.seed + 1)

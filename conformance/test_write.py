@@ -22,7 +22,7 @@ def write_and_compare(case, spec, key, value, slots, k_scale, v_scale, note=""):
     ops.write_and_compare(case, "write", spec, key, value, slots, k_scale, v_scale, note)
 
 
-@pytest.mark.kvc_clause("WRITE-SLOT", "WRITE-ONLY-TARGET", "WRITE-PAD-1", "WRITE-TOKENS", "WRITE-SLOT-DTYPE", "FP8-ENCODE", "FP8-SCALE", *LAYOUTS)
+@pytest.mark.kvc_clause("WRITE-SLOT", "WRITE-ONLY-TARGET", "WRITE-PAD-1", "WRITE-TOKENS", "WRITE-SLOT-DTYPE", "FP8-ENCODE", "FP8-SCALE", "OP-INPUTS-UNCHANGED", *LAYOUTS)
 @given(data=st.data())
 def test_written_elements_land_at_reference_offsets_and_nothing_else_changes(case, data):
     w = data.draw(write_cases(case))
