@@ -145,7 +145,7 @@ def _cpu_platform(ctx, _):
 
 
 def _gpu(ctx, _):
-    return None if ctx.device.startswith("cuda") else "has no GPU (caches on cpu)"
+    return None if ctx.device.startswith("cuda") else f"has no CUDA or ROCm GPU (caches on {ctx.device})"
 
 
 def _compare_digests(ctx, _):

@@ -30,7 +30,7 @@ OPTIONS = (
     ("backend", True, dict(action="append", default=[], metavar="NAME[,NAME…]",
                            help="backend(s) to check, comma-separated or repeated: a registered name, 'mutant:NAME', "
                                 "'vllm:NAME[+shuffle]' or 'pkg.module:attr' (default: every built-in that loads here)")),
-    ("device", True, dict(default=None, help="device for caches (default: cuda if available, else cpu)")),
+    ("device", True, dict(default=None, help="torch device for caches: cpu, cuda[:N], xpu, a PrivateUse1 backend's name … (default: cuda if available, else cpu)")),
     ("seed", True, dict(type=int, default=0, help=f"seed for Hypothesis and all generated data, 0 to {SEED_RANGE[1]} (default 0)")),
     ("profile", True, dict(choices=PROFILES, default="quick", help="Hypothesis example budget: quick (6 examples, unshrunk) or full (80, shrunk)")),
     ("standard", True, dict(choices=STANDARDS, default=None, help="layout standard the shape/split checks hold backends to "
@@ -143,16 +143,19 @@ def validate(options: RunOptions) -> None:
     check_device(options.device)
 
 
+ANY_DEVICE = "a device torch allocates on here: cpu, cuda[:N], xpu[:N], or a PrivateUse1 backend's name[:N] (docs/VENDOR_CI.md §1)"
+
+
 def check_device(device: str) -> None:
-    """The device must exist here: a cache is allocated on it once, up front."""
+    """Any device torch knows, if it exists here: a cache is allocated on it once, up front."""
     import torch
 
     try:
         parsed = torch.device(device)
     except (RuntimeError, ValueError) as exc:
-        raise OptionError(f"--kvc-device {device!r}: not a device name ({exc}); expected cpu, cuda or cuda:N") from exc
+        raise OptionError(f"--kvc-device {device!r}: not a device name ({exc}); expected {ANY_DEVICE}") from exc
     if parsed.type == "meta":
-        raise OptionError(f"--kvc-device {device}: a meta tensor holds no bytes; expected cpu, cuda or cuda:N")
+        raise OptionError(f"--kvc-device {device}: a meta tensor holds no bytes; expected {ANY_DEVICE}")
     try:
         torch.empty(1, device=parsed)
     except Exception as exc:  # noqa: BLE001 - torch raises AssertionError, RuntimeError … depending on the build

@@ -160,13 +160,15 @@ def payload(planned, state: dict, case) -> dict:
             "decided": decided is not None, "expected": planned.expected, "needs": list(planned.needs)}
 
 
-def run_platform() -> str:
-    """Where this process runs: ``cpu``, ``cuda-sm90``, ``rocm-gfx942`` (a backend's own platform
-    may be a model of another: reference_gfx942 on a CPU)."""
+def run_platform(device: str) -> str:
+    """Where this run's caches live: ``cpu``, ``cuda-sm90``, ``rocm-gfx942``, or another device's
+    type (``xpu``, a PrivateUse1 backend's name); a backend's own platform may be a model of
+    another: reference_gfx942 on a CPU."""
     import torch
 
-    if not torch.cuda.is_available():
-        return "cpu"
+    kind = torch.device(device).type
+    if kind != "cuda" or not torch.cuda.is_available():
+        return kind
     if torch.version.hip:
         return "rocm-" + torch.cuda.get_device_properties(0).gcnArchName.split(":")[0]
     major, minor = torch.cuda.get_device_capability()
@@ -186,7 +188,7 @@ def environment(run, backends: dict) -> dict:
         "vllm": package_version("vllm"),
         "device": options.device,
         "device_name": torch.cuda.get_device_name() if options.device.startswith("cuda") else platform.processor() or "cpu",
-        "run_platform": run_platform() if not options.device.startswith("cpu") else "cpu",
+        "run_platform": run_platform(options.device),
         "seed": options.seed, "profile": options.profile, "standard": options.standard,
         "expectations": options.expectations,  # the baseline the verdict names (reports/results.py verdict)
         "backends": backends,
