@@ -153,7 +153,7 @@ class LatentIndexerPerToken(LatentMutant):
     def indexer_write(self, cache, k, slot_mapping, spec):
         g = spec.geometry
         scratch = _scratch_write(spec, lambda region: R.latent.indexer_k_quant_and_cache(k.cpu(), region, g, slot_mapping, layer=spec.layer))
-        token, blocks, rows = _written(slot_mapping, spec, k.shape[0])
+        _, blocks, rows = _written(slot_mapping, spec, k.shape[0])
         fields = R.latent.field_offsets(g, blocks, rows, spec.layer)
         record = torch.cat([scratch[fields["values"]], scratch[fields["scales"]]], dim=1)
         per_token = spec.layer * g.layer_bytes() + blocks * g.block_bytes() + rows * g.fmt.entry_bytes()

@@ -67,9 +67,9 @@ class ReferenceMLA(Backend):
     def latent_write(self, cache, kv_c, k_pe, slot_mapping, spec, *, scale):
         g, fmt = spec.geometry, spec.fmt
         if fmt.kind == "fp8_ds_mla":
-            write = lambda region: R.latent.concat_and_cache_ds_mla(kv_c.cpu(), k_pe.cpu(), region, g, slot_mapping, layer=spec.layer)  # noqa: E731
+            write = lambda region: R.latent.concat_and_cache_ds_mla(kv_c.cpu(), k_pe.cpu(), region, g, slot_mapping, layer=spec.layer)
         else:
-            write = lambda region: R.latent.concat_and_cache_mla(kv_c.cpu(), k_pe.cpu(), region, g, slot_mapping, scale=scale, layer=spec.layer)  # noqa: E731
+            write = lambda region: R.latent.concat_and_cache_mla(kv_c.cpu(), k_pe.cpu(), region, g, slot_mapping, scale=scale, layer=spec.layer)
         on_cpu([region_of(cache, spec)], write)
 
     def latent_grouped_write(self, per_layer_cache, kv_cs, k_pes, slot_mappings, specs, *, scales):

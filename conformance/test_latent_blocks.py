@@ -7,7 +7,15 @@ import torch
 
 from kvconform import reference as R
 
-from .harness.latent import allocate, assert_inputs_unchanged, assert_latent_bytes_equal, filled, inputs_of, latent_spec, synchronize
+from .harness.latent import (
+    allocate,
+    assert_inputs_unchanged,
+    assert_latent_bytes_equal,
+    filled,
+    inputs_of,
+    latent_spec,
+    synchronize,
+)
 
 pytestmark = [pytest.mark.kvc_layouts("latent")]
 MAPPING = [[1, 4], [5, 0], [3, 2]]  # the first and last blocks both ways; sources before and after destinations
@@ -44,7 +52,7 @@ def test_swap_moves_whole_blocks_of_every_layer_between_device_and_host(case, la
     src_ids, dst_ids = torch.tensor([1, 5, 3]), torch.tensor([4, 0, 2])
     expected_src, expected_dst = src.snapshot(), dst.snapshot()
     R.latent.swap_latent_blocks(expected_src.region, spec.geometry, expected_dst.region, spec.geometry, src_ids, dst_ids)
-    on = lambda arena, ids: ids.to(arena.buffer.device)  # noqa: E731 - ids live with the cache they index
+    on = lambda arena, ids: ids.to(arena.buffer.device)
     handed = on(src, src_ids), on(dst, dst_ids)
     case.backend.latent_swap(src.cache, spec, dst.cache, spec, *handed)
     synchronize(case)

@@ -4,12 +4,26 @@ the e4m3 variant and, for fp8_ds_mla and the indexer, the scale divisor follow t
 
 import pytest
 import torch
+from kvconform.backends_under_test.latent_contract import LatentSpec
 
 from .harness.applicability import DECLARATION, NotApplicable, NotApplicableHere
-from .harness.latent import LatentArena, allocate, assert_facts_equal, assert_latent_bytes_equal, default_scale, run_write
-from .harness.latent_digests import BLOCK_SIZE, BLOCKS, digest, golden_geometry, golden_inputs, load, reference_bytes
-
-from kvconform.backends_under_test.latent_contract import LatentSpec
+from .harness.latent import (
+    LatentArena,
+    allocate,
+    assert_facts_equal,
+    assert_latent_bytes_equal,
+    default_scale,
+    run_write,
+)
+from .harness.latent_digests import (
+    BLOCK_SIZE,
+    BLOCKS,
+    digest,
+    golden_geometry,
+    golden_inputs,
+    load,
+    reference_bytes,
+)
 
 pytestmark = [pytest.mark.equivalence, pytest.mark.kvc_layouts("latent")]
 

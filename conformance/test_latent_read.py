@@ -9,11 +9,25 @@ import torch
 
 from kvconform import reference as R
 
-from .harness.latent import (
-    assert_inputs_unchanged, assert_latent_bytes_equal, assert_rows_equal, copy_records, declared_op, default_scale, filled, inputs_of, latent_rows, latent_spec, probe_arena,
-    probe_spec, probe_twin, reference_write, slots_of, synchronize,
-)
 from .harness.assertions import assert_close
+from .harness.latent import (
+    assert_inputs_unchanged,
+    assert_latent_bytes_equal,
+    assert_rows_equal,
+    copy_records,
+    declared_op,
+    default_scale,
+    filled,
+    inputs_of,
+    latent_rows,
+    latent_spec,
+    probe_arena,
+    probe_spec,
+    probe_twin,
+    reference_write,
+    slots_of,
+    synchronize,
+)
 
 pytestmark = [pytest.mark.read, pytest.mark.kvc_layouts("latent")]
 BLOCK_TABLE = [[4, 1, 5, 0], [2, 3, 0, 0], [5, 0, 0, 0]]  # blocks out of order; a table wider than a sequence needs
@@ -68,7 +82,7 @@ def test_indexer_gather_returns_the_stored_value_and_scale_bytes(case, latent_fo
 def sdpa_on_dense_latent(query, dense, lens, kv_lora_rank, softmax_scale):
     """The oracle of MLA decode: torch's SDPA in float32 over each sequence's dense latent, K = the
     whole latent, V = its first kv_lora_rank values (one KV head shared by every query head)."""
-    S, T = lens.numel(), int(lens.max())
+    T = int(lens.max())
     starts = torch.cumsum(lens, 0) - lens
     position = torch.arange(T)
     valid = position[None, :] < lens[:, None]

@@ -7,14 +7,31 @@ format's version and platform; caches past 2^31 bytes are addressed in 64 bits."
 
 import pytest
 import torch
+from kvconform.reference import latent_records
 
 from kvconform import reference as R
-from kvconform.reference import latent_records
 
 from .harness.applicability import DECLARATION, NotApplicable, NotApplicableHere
 from .harness.latent import (
-    allocate, assert_latent_bytes_equal, assert_probe_equal, assert_rows_equal, backend_write, declared_op, default_scale, edge_rows, inputs_of, latent_rows, latent_spec, probe_arena,
-    probe_spec, probe_twin, reference_write, run_write, slots_of, synchronize, write_and_compare,
+    allocate,
+    assert_latent_bytes_equal,
+    assert_probe_equal,
+    assert_rows_equal,
+    backend_write,
+    declared_op,
+    default_scale,
+    edge_rows,
+    inputs_of,
+    latent_rows,
+    latent_spec,
+    probe_arena,
+    probe_spec,
+    probe_twin,
+    reference_write,
+    run_write,
+    slots_of,
+    synchronize,
+    write_and_compare,
 )
 
 pytestmark = [pytest.mark.write, pytest.mark.kvc_layouts("latent")]

@@ -3,11 +3,11 @@ checked when it declares it, and a latent-only backend is a backend."""
 
 import pytest
 import torch
-
-from kvconform import reference as R
 from kvconform.backends_under_test.contract import Capabilities
 from kvconform.backends_under_test.latent_contract import LATENT_OPS, LatentCapabilities
 from kvconform.backends_under_test.reference_mla import ReferenceMLA
+
+from kvconform import reference as R
 
 MLA = R.latent.LatentFormat(kind="mla")
 
@@ -19,10 +19,10 @@ def test_a_latent_only_backend_declares_no_layout_and_every_latent_op():
 
 
 @pytest.mark.parametrize("declaration, words", [
-    (dict(formats=(MLA,), ops=frozenset({"latent_write", "latent_scribble"})), "unknown ops"),
-    (dict(formats=(), ops=frozenset({"latent_write"})), "at least one record format"),
-    (dict(formats=("mla",), ops=frozenset({"latent_write"})), "kinds"),
-    (dict(formats=(MLA,), ops=frozenset({"latent_write"}), block_sizes=(0,)), "must be positive"),
+    ({"formats": (MLA,), "ops": frozenset({"latent_write", "latent_scribble"})}, "unknown ops"),
+    ({"formats": (), "ops": frozenset({"latent_write"})}, "at least one record format"),
+    ({"formats": ("mla",), "ops": frozenset({"latent_write"})}, "kinds"),
+    ({"formats": (MLA,), "ops": frozenset({"latent_write"}), "block_sizes": (0,)}, "must be positive"),
 ])
 def test_a_latent_declaration_the_contract_cannot_hold_is_refused_when_made(declaration, words):
     with pytest.raises(ValueError, match=words):

@@ -14,10 +14,10 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-
-from kvconform import reference as R
 from kvconform.backends_under_test.contract import OpUnavailable
 from kvconform.backends_under_test.latent_contract import LatentSpec
+
+from kvconform import reference as R
 
 from .applicability import DECLARATION, NotApplicable, NotApplicableHere
 from .assertions import SHOWN, ConformanceFailure, a_finding
@@ -40,7 +40,7 @@ class LatentArena:
     def region(self) -> torch.Tensor:
         return self.buffer[GUARD : GUARD + self.spec.geometry.nbytes()]
 
-    def snapshot(self) -> "LatentArena":
+    def snapshot(self) -> LatentArena:
         """A CPU copy for the reference (a lazy probe arena gets a fresh lazy twin: see :func:`probe_twin`)."""
         if self.lazy:
             raise TypeError("a lazily mapped latent arena is not copied: use probe_twin()")
@@ -55,7 +55,7 @@ class LatentRows:
     kv_c: torch.Tensor
     k_pe: torch.Tensor | None
 
-    def clone(self) -> "LatentRows":
+    def clone(self) -> LatentRows:
         return LatentRows(self.kv_c.clone(), None if self.k_pe is None else self.k_pe.clone())
 
 
@@ -211,16 +211,15 @@ def synchronize(case: Case) -> None:
         torch.cuda.synchronize()
 
 
-def op_raises(call) -> BaseException | None:
-    """What ``call()`` raised (None when it returned). A code path this machine lacks stays not
-    applicable, and a finding or a not-applicable reason of the harness passes on."""
+def attempt(call) -> tuple[object, Exception | None]:
+    """``(what call() returned, None)`` or ``(None, what it raised)``. A code path this machine
+    lacks stays not applicable, and a finding or a not-applicable reason of the harness passes on."""
     try:
-        call()
+        return call(), None
     except (OpUnavailable, ConformanceFailure, NotApplicableHere):
         raise
     except Exception as exc:  # noqa: BLE001 - a refusal is the property some checks ask for
-        return exc
-    return None
+        return None, exc
 
 
 # ----------------------------------------------------------------------------- assertions
@@ -324,9 +323,9 @@ def assert_latent_bytes_equal(prop: str, case: Case, expected: LatentArena, actu
     order = torch.full((int(firsts.max()) + 1,), key.numel(), dtype=torch.int64).scatter_reduce(0, firsts, torch.arange(key.numel()), "amin")
     shown = differs[torch.sort(order).values[:SHOWN]]
     g = spec.geometry
-    lines = [f"{prop}: {differs.numel()} byte{'s differ' if differs.numel() != 1 else ' differs'} in {int(order.numel())}"
-             f"{'+' if differs.numel() > 4096 else ''} record(s) (latent cache {g.short()}, {g.nbytes()} bytes + {GUARD}-byte guards)"
-             f"{' — ' + note if note else ''}"]
+    lines = [(f"{prop}: {differs.numel()} byte{'s differ' if differs.numel() != 1 else ' differs'} in {int(order.numel())}"
+              f"{'+' if differs.numel() > 4096 else ''} record(s) (latent cache {g.short()}, {g.nbytes()} bytes + {GUARD}-byte guards)"
+              f"{' — ' + note if note else ''}")]
     findings = _findings(want, got, start, differs, spec)
     if findings:
         lines += ["  where the wrong bytes came from:", *(f"    {f}" for f in findings)]
