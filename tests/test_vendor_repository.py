@@ -334,6 +334,13 @@ def test_the_vendors_own_tests_still_run_with_their_own_setup(vendor):
 
 
 # ----------------------------------------------------------------------------- without an install
+def test_the_readme_builds_a_wheel_from_a_clone_as_kvconforms_own_tests_do():
+    """#38 item 10: the wheel build of a clone is documented, with the flags tests/fresh_venv.py builds it with."""
+    readme = (ROOT / "README.md").read_text()
+    assert "python -m pip wheel --no-deps -w dist ." in readme
+    assert '"pip", "wheel", "-q", "--no-deps", "-w"' in (ROOT / "tests" / "fresh_venv.py").read_text() and build_wheels
+
+
 def test_every_path_the_caller_gives_is_resolved_against_the_callers_directory():
     names = {"--kvc-expectations", "--kvc-json", "--kvc-html", "--kvc-compare-digests", "--kvc-export-digests",
              "--kvc-update-expectations", "--kvc-certify", "--expectations", "--compare-digests", "--export-digests",
