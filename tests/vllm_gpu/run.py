@@ -6,7 +6,8 @@ temporary site directory and run the suite against every vLLM backend that impor
 For every ``AttentionBackendEnum`` member whose class imports (members.py), one pytest process
 per standard it declares — ``--standard e3`` for vLLM 0.33.0 backends, ``e1`` as well where an
 E1-era class declares it — quick profile, xdist ``-n 1`` so a crashed worker costs one test.
-Members the adapter finds out of scope (MLA, sparse, quantized-only caches) share one process.
+Members the adapter finds out of scope (non-MLA sparse, quantized-only caches) share one process;
+MLA members run one each, as latent-cache backends (backends_under_test/vllm_mla.py).
 Writes into OUT_DIR: ``members.json``, ``<backend>-<standard>.json`` / ``.log`` per run,
 ``results.json`` (all runs merged), ``verdicts.txt`` (per backend: pass / n/a / fail) and ``runs.txt``
 (per process: exit status, complete or why not; the runner exits 1 when any run is incomplete). Run from the
@@ -63,7 +64,7 @@ OUT_OF_SCOPE = "out-of-scope"
 
 def runs_for(members: dict, only: set[str] | None) -> list[tuple[str, str]]:
     """(members, standard) runs: e3 always (the adapter's E3 path), e1 where declared; the
-    members the adapter finds out of scope (MLA, sparse, quantized-only: every check not
+    members the adapter finds out of scope (non-MLA sparse, quantized-only: every check not
     applicable) share one run, since each is only loaded and reported."""
     runs, out_of_scope = [], []
     for name, facts in members.items():
