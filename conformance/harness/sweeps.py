@@ -119,7 +119,9 @@ def declared(backend: Backend) -> dict:
         "num_layers": list(caps.num_layers), "scale_types": list(caps.scale_types),
         "cache_dtypes": [c.label for c in cache_dtypes(backend)],
         "layout_cache_dtypes": {str(layout): [c.label for c in cache_dtypes(backend, layout)] for layout in caps.layouts},
-        "size_classes": [name for name in ("h=1", "h=2", "h!=2^k", "d!=2^k", "n!=2^k", "l>=3") if name in sizes] + list(ADDRESS_CLASSES),
+        # The address classes are reached by the K/V probes (big_caches.py) and counted for K/V caches only:
+        # a latent- or per-token-head-only backend is held to its own probes by its checks, not by this table.
+        "size_classes": [name for name in ("h=1", "h=2", "h!=2^k", "d!=2^k", "n!=2^k", "l>=3") if name in sizes] + (list(ADDRESS_CLASSES) if caps.layouts else []),
     }
 
 
