@@ -1,7 +1,8 @@
 """Compile the portable kernels ahead of time for sm90, gfx942 (fnuz) and gfx950 (OCP fp8).
 
-``python -m backends_under_test.triton_aot`` needs no GPU: Triton's bundled toolchain emits
-PTX / AMDGCN, which shows the kernels use no CUDA-only construct. It must run with
+``python -m backends_under_test.triton_aot`` (the K/V kernels; ``… triton_aot latent``: the
+latent-cache kernels) needs no GPU: Triton's bundled toolchain emits PTX / AMDGCN, which shows
+the kernels use no CUDA-only construct. It must run with
 ``TRITON_INTERPRET`` unset (interpreted kernels cannot be compiled).
 """
 
@@ -68,11 +69,69 @@ def compile_all() -> list[tuple[str, str, str]]:
     return results
 
 
-def main() -> int:
+def _latent_jobs(fp8_dtype, divisor: float) -> list[tuple]:
+    """(variant, kernel, pointer types, constexprs) of every latent kernel form (triton_latent_kernels)."""
+    import triton.language as tl
+
+    from . import triton_latent_kernels as L
+
+    fp8 = L.fp8_args(fp8_dtype)
+    policy = dict(DIVISOR=divisor, FLOOR=1e-4, POW2=True)
+    plain = dict(BLOCK_SIZE=64, RANK=512, ROPE=64, BLOCK_R=512, BLOCK_P=64)
+    reader_types = {L.PLAIN16: "*i16", L.PLAIN_FP8: "*u8", L.DS_MLA: "*u8"}
+    jobs = [("mla-write-bitcopy", L.concat_and_cache_mla_kernel, ["*i16", "*i16", "*i16", "*i64", "*fp32"], plain | dict(TOKENS=1, QUANT=False) | fp8),
+            ("mla-write-fp8", L.concat_and_cache_mla_kernel, ["*bf16", "*bf16", "*u8", "*i64", "*fp32"], plain | dict(TOKENS=1, QUANT=True) | fp8),
+            ("ds-mla-write", L.concat_and_cache_ds_mla_kernel, ["*bf16", "*i16", "*u8", "*i64"],
+             dict(BLOCK_SIZE=64, TOKENS=1, HAS_ROPE=True) | policy | fp8)]
+    for mx in (False, True):
+        jobs.append((f"indexer-write-{'mx' if mx else 'float32'}", L.indexer_k_quant_and_cache_kernel, ["*bf16", "*u8", "*i64"],
+                     dict(BLOCK_SIZE=64, GROUPS=1, BLOCK_G=1, TOKENS=1, MX=mx) | policy | fp8))
+    jobs.append(("indexer-gather", L.gather_indexer_kernel, ["*u8", "*u8", "*u8", "*i32", "*i32", "*i64"],
+                 dict(BLOCK_SIZE=64, HEAD_DIM=128, SCALE_BYTES=4, BLOCK_D=128, BLOCK_S=4, TOKENS=1)))
+    for form, name in ((L.PLAIN16, "bf16"), (L.PLAIN_FP8, "fp8"), (L.DS_MLA, "ds-mla")):
+        reader = dict(FORM=form, MODEL=tl.bfloat16, MODEL_BF16=True, CODE=fp8["OUT"])
+        jobs.append((f"gather-{name}", L.gather_latent_kernel, [reader_types[form], "*i16", "*i32", "*i32", "*i64", "*fp32"],
+                     plain | dict(TOKENS=1) | reader))
+        jobs.append((f"decode-{name}", L.mla_decode_kernel, ["*bf16", "*i16", reader_types[form], "*i32", "*i32", "*fp32"],
+                     plain | dict(BLOCK_HQ=1) | reader))
+    return jobs
+
+
+def compile_latent(archs=tuple(TARGET_SPECS)) -> list[tuple[str, str, str]]:
+    """(arch, latent kernel variant, "ok" or the error) on each target of ``archs``, in the target's e4m3."""
+    import torch
+    from triton.backends.compiler import GPUTarget
+
+    results = []
+    for arch in archs:
+        backend, arch_id, warp, _, _ = TARGET_SPECS[arch]
+        target = GPUTarget(backend, arch_id, warp)
+        e4m3, divisor = (torch.float8_e4m3fnuz, 224.0) if arch == "gfx942" else (torch.float8_e4m3fn, 448.0)
+        for name, fn, pointers, constexprs in _latent_jobs(e4m3, divisor):
+            names = [p.name for p in fn.params if not p.is_constexpr]  # pointers first, then integer scalars
+            types = pointers + ["fp32" if n == "softmax_scale" else "i64" for n in names[len(pointers):]]
+            try:
+                _compile(fn, names, types, constexprs, target)
+                results.append((arch, name, "ok"))
+            except Exception as exc:  # noqa: BLE001 - reported per variant
+                results.append((arch, name, f"{type(exc).__name__}: {str(exc).splitlines()[-1][:200]}"))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``triton_aot``: the K/V kernels; ``triton_aot latent [ARCH…]``: the latent (MLA) kernels (every target, or those named)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("triton_aot: unset TRITON_INTERPRET (interpreted kernels cannot be compiled)", file=sys.stderr)
         return 2
-    results = compile_all()
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["latent"]:
+        unknown = set(argv[1:]) - set(TARGET_SPECS)
+        if unknown:
+            print(f"triton_aot: unknown targets {sorted(unknown)}; known: {', '.join(TARGET_SPECS)}", file=sys.stderr)
+            return 2
+        results = compile_latent(argv[1:] or tuple(TARGET_SPECS))
+    else:
+        results = compile_all()
     for arch, name, status in results:
         print(f"{arch:7s} {name:28s} {status}")
     return 0 if all(status == "ok" for *_, status in results) else 1

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .triton_interpreter import interpreted
-from .triton_kernels import FP8, INTERPRETER_TOKENS, _encode
+from .triton_kernels import FP8, INTERPRETER_QUERY_HEADS, INTERPRETER_TOKENS, _encode
 
 # Record forms a reader dequantises (constexpr FORM).
 PLAIN16, PLAIN_FP8, DS_MLA = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
@@ -28,7 +28,7 @@ PLAIN16, PLAIN_FP8, DS_MLA = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 DS_RANK, DS_ROPE, DS_TILE = tl.constexpr(512), tl.constexpr(64), tl.constexpr(128)
 DS_SCALES, DS_ROPE_AT, DS_RECORD = tl.constexpr(512), tl.constexpr(528), tl.constexpr(656)
 IDX_GROUP = tl.constexpr(128)  # indexer values sharing one scale
-DECODE_HEADS = 16  # query heads per decode program: tl.dot needs 16 rows
+DECODE_TOKENS = tl.constexpr(16)  # positions per decode step
 
 
 @triton.jit
@@ -283,9 +283,11 @@ def mla_decode_kernel(
     BLOCK_HQ: tl.constexpr, FORM: tl.constexpr, MODEL: tl.constexpr, MODEL_BF16: tl.constexpr, CODE: tl.constexpr,
 ):
     """MLA decode, one program per (sequence, BLOCK_HQ query heads): K = the whole dequantised
-    latent, V = its first RANK values, one latent per token for every head; fp32 online softmax.
+    latent, V = its first RANK values, one latent per token for every head; fp32 online softmax
+    over tiles of DECODE_TOKENS positions (each through the block table).
 
-    Products are ``tl.dot`` with IEEE fp32 inputs (no TF32), so the result does not depend on the GPU.
+    Products are fp32 broadcast sums, not ``tl.dot`` (TF32 on NVIDIA by default; its IEEE form is an
+    unrolled FMA loop that took ~20 s to compile per variant).
     """
     s = tl.program_id(0).to(tl.int64)
     h = (tl.program_id(1).to(tl.int64) * BLOCK_HQ + tl.arange(0, BLOCK_HQ).to(tl.int64))[:, None]
@@ -298,24 +300,24 @@ def mla_decode_kernel(
     if FORM == PLAIN_FP8:
         scale = tl.load(scale_ptr)
     seq_len = tl.load(seq_lens_ptr + s).to(tl.int64)
-    n = tl.arange(0, BLOCK_SIZE).to(tl.int64)[:, None]
+    n = tl.arange(0, DECODE_TOKENS).to(tl.int64)[:, None]
     m_i = tl.full([BLOCK_HQ], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_HQ], dtype=tl.float32)
     acc = tl.zeros([BLOCK_HQ, BLOCK_R], dtype=tl.float32)
-    for j in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):
-        row, ok = _sequence_rows(table_ptr, seq_lens_ptr, s, j * BLOCK_SIZE + n, table_stride, block_stride, entry_stride, BLOCK_SIZE)
+    for j in range(0, tl.cdiv(seq_len, DECODE_TOKENS)):
+        row, ok = _sequence_rows(table_ptr, seq_lens_ptr, s, j * DECODE_TOKENS + n, table_stride, block_stride, entry_stride, BLOCK_SIZE)
         k_nope = _latent_values(cache_ptr, row, ok, d, scale, RANK, 0, FORM, MODEL, CODE)  # [N, R]
         k_pe = _latent_values(cache_ptr, row, ok, p, scale, ROPE, RANK, FORM, MODEL, CODE)  # [N, P]
         if FORM != PLAIN16:  # K is the gathered latent: dequantised values rounded to the model dtype
             k_nope = _from_model_bits(_to_model_bits(k_nope, MODEL_BF16), MODEL)
             k_pe = _from_model_bits(_to_model_bits(k_pe, MODEL_BF16), MODEL)
-        qk = tl.dot(q_nope, tl.trans(k_nope), input_precision="ieee") + tl.dot(q_pe, tl.trans(k_pe), input_precision="ieee")
+        qk = tl.sum(q_nope[:, None, :] * k_nope[None, :, :], axis=2) + tl.sum(q_pe[:, None, :] * k_pe[None, :, :], axis=2)
         qk = tl.where(tl.trans(ok), qk * softmax_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         prob = tl.exp(qk - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(prob, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(prob, k_nope, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.sum(prob[:, :, None] * k_nope[None, :, :], axis=1)
         m_i = m_new
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # an empty sequence gives zeros, not 0/0
     tl.store(out_ptr + s * out_stride_s + h * out_stride_h + d, _to_model_bits(out, MODEL_BF16), mask=(h < num_heads) & (d < RANK))
@@ -445,10 +447,13 @@ def mla_decode(query, cache, block_table, seq_lens, scale, *, softmax_scale: flo
     if not S or not Hq:
         return out
     view, consts = _form_args(form, cache, query.dtype, code_dtype)
-    mla_decode_kernel[(S, triton.cdiv(Hq, DECODE_HEADS))](
+    # A GPU runs one query head per program; the interpreter runs each program as Python, so
+    # there one program takes many heads (the same code, a larger BLOCK_HQ).
+    heads = min(triton.next_power_of_2(Hq), INTERPRETER_QUERY_HEADS) if interpreted() else 1
+    mla_decode_kernel[(S, triton.cdiv(Hq, heads))](
         query, _bits16(out), view, block_table, seq_lens, scale,
         query.stride(0), query.stride(1), query.stride(2), out.stride(0), out.stride(1), block_table.stride(0), view.stride(0), view.stride(1),
         softmax_scale, Hq, BLOCK_SIZE=view.shape[1], RANK=rank, ROPE=rope, BLOCK_R=triton.next_power_of_2(rank),
-        BLOCK_P=max(16, triton.next_power_of_2(max(rope, 1))), BLOCK_HQ=DECODE_HEADS, **consts,
+        BLOCK_P=triton.next_power_of_2(max(rope, 1)), BLOCK_HQ=heads, **consts,
     )
     return out
