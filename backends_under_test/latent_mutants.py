@@ -11,13 +11,24 @@ import torch
 
 from kvconform import reference as R
 
-from .reference_mla import Gfx942ReferenceMLA, ReferenceMLA, on_cpu, region_of
+from .latent_contract import LATENT_KINDS
+from .reference_mla import (
+    Gfx942ReferenceMLA,
+    ReferenceMLA,
+    latent_formats,
+    on_cpu,
+    region_of,
+)
 
 
 class LatentMutant(ReferenceMLA):
     catches: tuple[str, ...] = ()  # check families that must fail
     kills: tuple[str, ...] = ()  # checks that must fail (tests/test_mutants_are_caught.py)
     suite_args: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = LATENT_KINDS  # the record kinds it declares: those its fault is in (fewer cases to run)
+
+    def __init__(self):
+        super().__init__(formats=tuple(f for f in latent_formats(self.platform, self.arch()) if f.kind in self.kinds))
 
 
 def _written(slot_mapping, spec, tokens: int):
@@ -42,6 +53,7 @@ class LatentDsMlaSemanticHeadSize(LatentMutant):
     instead of its 656-byte record width (vllm#47716); its writer strides records by 576 bytes."""
 
     catches = ("shape", "write")
+    kinds = ("fp8_ds_mla",)
     kills = ("test_latent_cache_rows_are_as_wide_as_their_own_record",
              "test_a_multi_layer_allocation_puts_the_layer_dim_first",
              "test_latent_records_land_in_their_slots_and_nothing_else_changes")
@@ -71,6 +83,7 @@ class LatentBindingRejectsDeclaredBlockSize(LatentMutant):
     a configuration accepted at declaration that the cache binding rejects at run time (vllm#55431)."""
 
     catches = ("shape",)
+    kinds = ("mla",)
     kills = ("test_every_declared_block_size_is_accepted_by_the_writer",)
 
     def latent_write(self, cache, kv_c, k_pe, slot_mapping, spec, *, scale):
@@ -85,6 +98,7 @@ class LatentRopeStoredQuantised(LatentMutant):
     first 64 RoPE bytes, zeros after, instead of the raw 16-bit values."""
 
     catches = ("write", "equivalence")
+    kinds = ("fp8_ds_mla",)
     kills = ("test_latent_records_land_in_their_slots_and_nothing_else_changes",
              "test_golden_records_hash_to_the_stored_digest_of_their_format")
 
@@ -105,6 +119,7 @@ class LatentTileScaleNotPow2(LatentMutant):
     a power of two (an older kernel's policy, run as 0.33.0)."""
 
     catches = ("write", "equivalence")
+    kinds = ("fp8_ds_mla", "indexer")
     kills = ("test_stored_scales_follow_the_scale_policy_of_the_platform", "test_golden_records_hash_to_the_stored_digest_of_their_format")
 
     def latent_write(self, cache, kv_c, k_pe, slot_mapping, spec, *, scale):
@@ -127,6 +142,7 @@ class LatentDivisor448OnRocm(Gfx942ReferenceMLA, LatentMutant):
     its codes are e4m3fnuz (max 240): vLLM's ``kFp8ScaleDivisor`` is 224 there."""
 
     catches = ("write", "equivalence")
+    kinds = ("fp8_ds_mla", "indexer")
     kills = ("test_stored_scales_follow_the_scale_policy_of_the_platform", "test_golden_records_hash_to_the_stored_digest_of_their_format")
 
     def latent_write(self, cache, kv_c, k_pe, slot_mapping, spec, *, scale):
@@ -147,6 +163,7 @@ class LatentIndexerPerToken(LatentMutant):
     132-byte record per row — instead of per block (all values of the block, then all scales)."""
 
     catches = ("write",)
+    kinds = ("indexer",)
     kills = ("test_latent_records_land_in_their_slots_and_nothing_else_changes",
              "test_stored_codes_are_the_inputs_encoded_with_the_records_own_scales")
 
@@ -199,6 +216,7 @@ class LatentPaddingSlotWritten(LatentMutant):
     """Python-style negative indexing in the latent writers: slot -1 writes the cache's last slot."""
 
     catches = ("write",)
+    kinds = ("mla", "indexer")
     kills = ("test_padding_slots_leave_the_latent_cache_untouched",)
 
     def _last(self, slot_mapping, spec):
@@ -226,6 +244,7 @@ class LatentKvcKpeSwapped(LatentMutant):
     """Plain MLA writer that stores ``k_pe`` first and ``kv_c`` after it in each entry."""
 
     catches = ("write", "equivalence")
+    kinds = ("mla",)
     kills = ("test_latent_records_land_in_their_slots_and_nothing_else_changes",
              "test_golden_records_hash_to_the_stored_digest_of_their_format")
 
@@ -242,6 +261,7 @@ class LatentStridedRowsReadAsContiguous(LatentMutant):
     their first element (right only when they are not slices of one projection output)."""
 
     catches = ("write",)
+    kinds = ("mla", "indexer")
     kills = ("test_latent_rows_are_read_through_their_strides",)
 
     @staticmethod
@@ -260,6 +280,7 @@ class LatentGroupedFirstLayerSlots(LatentMutant):
     layer (a missing ``layer · stride(0)``)."""
 
     catches = ("write",)
+    kinds = ("mla",)
     kills = ("test_grouped_writer_writes_each_layer_from_its_own_rows_and_slots",)
 
     def latent_grouped_write(self, per_layer_cache, kv_cs, k_pes, slot_mappings, specs, *, scales):
@@ -285,6 +306,7 @@ class LatentDecodeRopeAsV(LatentMutant):
     instead of the first."""
 
     catches = ("read",)
+    kinds = ("mla", "fp8_ds_mla")
     kills = ("test_mla_decode_equals_sdpa_on_the_dense_latent",)
 
     def latent_decode(self, query, cache, block_table, seq_lens, spec, *, scale, softmax_scale):
@@ -306,6 +328,7 @@ class LatentCopyValuesWithoutIndexerScales(LatentMutant):
     the scales region after it (sglang#30057's kind: indexer pages without their scales)."""
 
     catches = ("copy",)
+    kinds = ("indexer",)
     kills = ("test_copy_moves_whole_records_and_indexer_pages_of_every_layer",)
 
     def latent_copy(self, cache, block_mapping, spec):
@@ -324,6 +347,7 @@ class LatentSwapFirstLayerOnly(LatentMutant):
     its own tensor."""
 
     catches = ("swap",)
+    kinds = ("mla",)
     kills = ("test_swap_moves_whole_blocks_of_every_layer_between_device_and_host",)
 
     def latent_swap(self, src_cache, src_spec, dst_cache, dst_spec, src_ids, dst_ids):
@@ -340,6 +364,7 @@ class LatentPlanPullsFromTwoRanks(LatentMutant):
     whose heads the consumer would cover — as for a K/V cache — though the latent is replicated."""
 
     catches = ("connector",)
+    kinds = ("mla",)
     kills = ("test_each_consumer_rank_pulls_each_block_from_exactly_one_producer_rank",)
 
     def latent_transfer_plan(self, producer_tp, consumer_tp, consumer_rank, blocks):
@@ -355,6 +380,7 @@ class LatentRegionsSlicedByHead(LatentMutant):
     instead of refusing it: the latent is one replicated vector, not heads."""
 
     catches = ("connector",)
+    kinds = ("mla",)
     kills = ("test_a_head_slice_of_a_latent_cache_is_refused",)
 
     def latent_regions(self, spec, blocks, heads=None):
@@ -370,6 +396,7 @@ class LatentRegionsWithoutIndexerScales(LatentMutant):
     not its scales: the indexer keys arrive without the scales that decode them (sglang#30057's kind)."""
 
     catches = ("connector",)
+    kinds = ("indexer",)
     kills = ("test_latent_regions_are_whole_blocks_of_every_layer_and_nothing_else",)
 
     def latent_regions(self, spec, blocks, heads=None):
@@ -384,6 +411,7 @@ class LatentDescriptorIgnoresRopeDtype(LatentMutant):
     one whose are bf16."""
 
     catches = ("connector",)
+    kinds = ("mla", "fp8_ds_mla")
     kills = ("test_descriptor_refuses_a_peer_with_another_record_format",)
 
     def latent_descriptor(self, spec):
