@@ -26,6 +26,7 @@ path needs a compiled op this build lacks, that check is not applicable with the
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import types
@@ -50,7 +51,9 @@ from .vllm_base import (  # noqa: F401 - re-exported: the adapter's shared parts
     import_vllm,
     interpreted,
     shuffle_mode,
+    stack_layer_views,
 )
+from .vllm_quant import VllmQuant
 
 # What the kernels keep inside each 2-slot region (reference.E3_TILES); absent: plain [N, H·D].
 TILES = {("ROCM_ATTN", False): "legacy", ("ROCM_ATTN", True): "legacy", ("ROCM_AITER_FA", True): "shuffle"}
@@ -122,8 +125,17 @@ def _attention_backend_enum():
     raise RuntimeError("unsupported vLLM version: no AttentionBackendEnum in vllm.v1.attention.backends.registry or vllm.attention.backends.registry")
 
 
-class VllmE3Backend(VllmBackend):
-    """vLLM 0.33.0: per-layer ``[B, H, N, C]`` views of one int8 allocation (SPEC LAYOUT-E3)."""
+class VllmE3Backend(VllmQuant, VllmBackend):
+    """vLLM 0.33.0: per-layer ``[B, H, N, C]`` views of one int8 allocation (SPEC LAYOUT-E3); the
+    per-token-head quantised caches of those that pack them (vllm_quant.py)."""
+
+    def _declare(self):
+        caps = super()._declare()
+        return dataclasses.replace(caps, quant=self._quant_capabilities())
+
+    def versions(self):
+        undeclared = self.quant_not_declared()
+        return {**super().versions(), **({"vllm_quant_not_declared": "; ".join(undeclared)} if undeclared else {})}
 
     def _standards(self, layouts):
         return frozenset({"e3"})
@@ -259,17 +271,6 @@ def _connector_config():
     # No model is loaded; NIXL's layout choice reads only whether the model uses MLA.
     config.model_config = types.SimpleNamespace(use_mla=False)
     return config
-
-
-def stack_layer_views(views: list[torch.Tensor]) -> torch.Tensor:
-    """One ``[L, ...]`` view over per-layer views that sit a constant byte step apart."""
-    first = views[0]
-    step = (views[1].data_ptr() - first.data_ptr()) // first.element_size() if len(views) > 1 else first.numel()
-    stacked = first.as_strided((len(views), *first.shape), (step, *first.stride()))
-    for i, view in enumerate(views):
-        if view.data_ptr() != stacked[i].data_ptr() or view.stride() != first.stride():
-            raise ValueError(f"vLLM's layer {i} view does not sit {step} elements after layer {i - 1}: layers are not evenly spaced")
-    return stacked
 
 
 class VllmE1Backend(VllmBackend):

@@ -405,3 +405,14 @@ class VllmBackend(Backend):
             arch = self.arch()
             return DeviceCapability(9, int(arch[4:6], 16) % 16 if arch.startswith("gfx9") else 0)
         return DeviceCapability(9, 0)
+
+
+def stack_layer_views(views: list[torch.Tensor]) -> torch.Tensor:
+    """One ``[L, ...]`` view over per-layer views that sit a constant byte step apart."""
+    first = views[0]
+    step = (views[1].data_ptr() - first.data_ptr()) // first.element_size() if len(views) > 1 else first.numel()
+    stacked = first.as_strided((len(views), *first.shape), (step, *first.stride()))
+    for i, view in enumerate(views):
+        if view.data_ptr() != stacked[i].data_ptr() or view.stride() != first.stride():
+            raise ValueError(f"vLLM's layer {i} view does not sit {step} elements after layer {i - 1}: layers are not evenly spaced")
+    return stacked
