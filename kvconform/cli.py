@@ -193,6 +193,7 @@ def verify_submission(bundle: str, rerun: int = 0, public_key: str | None = None
     if rerun < 0:
         print(f"kvconform verify-submission: --rerun {rerun}: expected a count of tests (0 or more)", file=sys.stderr)
         return 2
+    given, bundle = bundle, os.path.abspath(bundle)  # the rerun runs in a scratch directory: a relative path means the caller's
     problems = submission.verify(bundle, must_pass(), collect=receiver.collect)
     if public_key:
         from kvconform import signing
@@ -214,13 +215,13 @@ def verify_submission(bundle: str, rerun: int = 0, public_key: str | None = None
     for line in lines:
         print(printable(f"  {line}"))
     if problems:
-        print(printable(f"kvconform: REFUSED {bundle}: {len(problems)} problems"))
+        print(printable(f"kvconform: REFUSED {given}: {len(problems)} problems"))
         for problem in problems:
             print(printable(f"  {problem}"))
         return 1
     checksum = submission.sha256_file(os.path.join(bundle, submission.SUMS))
     reran = f"; {len(lines)} recorded tests rerun here agree" if lines else ""
-    print(printable(f"kvconform: ACCEPTED {bundle} (sha256 of {submission.SUMS} {checksum}{reran})"))
+    print(printable(f"kvconform: ACCEPTED {given} (sha256 of {submission.SUMS} {checksum}{reran})"))
     return 0
 
 

@@ -162,7 +162,7 @@ def _run_one(backend: str, out_dir: str, timeout: float, pytest_args: list[str],
                         repro=" ".join(cmd), clauses=[], seed=seed, run_platform=None,
                         **crashed(None, False, f"pytest exited {proc.returncode} without results:\n{tail}").record_fields())
     died = {"complete": False, "reasons": [{"kind": "crashed", "what": f"the suite process for {backend} exited {proc.returncode} without results"}]}
-    return proc.returncode, {"schema": SCHEMA, "environment": {"device": "?", "device_name": "?", "backends": {backend: {}}},
+    return proc.returncode or 1, {"schema": SCHEMA, "environment": {"device": "?", "device_name": "?", "backends": {backend: {}}},
                              "completion": died, "tests": [record.as_json()]}
 
 
@@ -171,12 +171,7 @@ PER_BACKEND = ("--kvc-json", "--kvc-html")  # `kvconform run` names these per ba
 
 def run(backends: list[str], pytest_args: list[str], out_dir: str, timeout: float, jobs: int, own: bool = True) -> int:
     """Run each backend in its own process; write merged JSON + HTML; print the matrix."""
-    from kvconform.conformance.plugin.outputs import set_aside, settle_previous
-    from kvconform.reports import results
-    from kvconform.reports.cli import merged_document
-    from kvconform.reports.html import render_runs
-    from kvconform.reports.results import document_text, write_atomically
-    from kvconform.reports.terminal import render
+    from kvconform.conformance.plugin.outputs import OutputError, ResultsLock
 
     given = [arg.partition("=")[0] for arg in pytest_args if arg.partition("=")[0] in PER_BACKEND]
     if given:
@@ -186,6 +181,26 @@ def run(backends: list[str], pytest_args: list[str], out_dir: str, timeout: floa
     pytest_args = resolve_paths(pytest_args, os.getcwd())
     out_dir = os.path.abspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
+    json_path, html_path = os.path.join(out_dir, "results.json"), os.path.join(out_dir, "results.html")
+    try:  # the lock a suite run takes on its results: two runs into one --out DIR would each write over the other
+        lock = ResultsLock.acquire(json_path, "--out")
+    except OutputError as exc:
+        print(f"kvconform run: {exc}", file=sys.stderr)
+        return 4
+    try:
+        return _run_locked(backends, pytest_args, out_dir, json_path, html_path, timeout, jobs, own)
+    finally:
+        lock.release()
+
+
+def _run_locked(backends, pytest_args, out_dir, json_path, html_path, timeout, jobs, own) -> int:
+    from kvconform.conformance.plugin.outputs import set_aside, settle_previous
+    from kvconform.reports import results
+    from kvconform.reports.cli import merged_document
+    from kvconform.reports.html import render_runs
+    from kvconform.reports.results import document_text, write_atomically
+    from kvconform.reports.terminal import render
+
     say_where(own)
     try:
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -194,7 +209,6 @@ def run(backends: list[str], pytest_args: list[str], out_dir: str, timeout: floa
         print(f"kvconform run: HARNESS ERROR: {exc}", file=sys.stderr)
         return HARNESS_ERROR
     documents = [document for _, document in outcomes]
-    json_path, html_path = os.path.join(out_dir, "results.json"), os.path.join(out_dir, "results.html")
     merged = merged_document(documents)
     set_aside(json_path, html_path)
     write_atomically(json_path, document_text(merged))
@@ -205,4 +219,6 @@ def run(backends: list[str], pytest_args: list[str], out_dir: str, timeout: floa
         print(f"kvconform: {json_path} held a complete run; kept it as {kept}")
     print(f"kvconform: results {json_path}\nkvconform: HTML report {html_path}")
     codes = {code for code, _ in outcomes}
+    if any(r["outcome"] in results.FAILING for r in merged["tests"]):
+        return 1  # the merged verdict, whatever a process said
     return 0 if codes == {0} else 5 if codes == {5} else 1  # 5: pytest's "no tests collected" (a filter that selects nothing)

@@ -6,6 +6,8 @@ pass as a plain pass, and every property with ``str()`` (a Python repr). For eac
 test case this rewrites:
 
 - ``classname`` to ``kvconform.<family>`` (dashboards group by it);
+- the result element to the record's (``<failure>`` for a failed record even where another plugin
+  made pytest's report a pass, e.g. a rerun: the counts follow the verdict);
 - the result element's ``type`` to ``kvconform.<outcome>`` and its ``message`` to the verdict
   in words (``not applicable (declaration): …``, ``known failure: …``);
 - an unexpected pass keeps passing (the run does not fail on it) and says so in ``system-out``;
@@ -37,7 +39,7 @@ PROPERTIES = ("test_id", "backend", "family", "check", "platform", "arch", "run_
               "kv_cache_dtype", "model_dtype", "seed", "repro", "message", "not_applicable", "failure", "raised")
 RESULT_TAGS = ("failure", "error", "skipped")
 CARRIED = "kvconform"  # the record the plugin carries across xdist in each report: not a property of the JUnit file
-FILTER_ONLY = {"filtered", "no-tests"}
+FILTER_ONLY = {"filtered", "no-tests", "skipped"}  # a partial run by choice: the completion case is <skipped>, not <error>
 RESULT_OF = {"failed": "failure", "error": "error", "crashed": "error", "timeout": "error",  # as pytest's writer tags them
              "not-applicable": "skipped", "expected-failure": "skipped", "skipped": "skipped"}
 # Characters XML 1.0 cannot hold, not even as references (the W3C Char production), and DEL:
@@ -97,6 +99,13 @@ def _annotate_case(case: ET.Element, record: dict) -> None:
     case.insert(0, properties)
     words = _verdict_words(record)
     result = next((child for child in case if child.tag in RESULT_TAGS), None)
+    wanted = RESULT_OF.get(record["outcome"])
+    if (result.tag if result is not None else None) != wanted:  # the record decides, whatever a plugin made of pytest's report
+        if result is not None:
+            case.remove(result)
+        result = ET.SubElement(case, wanted) if wanted else None
+        if result is not None:
+            result.text = record.get("message") or ""
     if result is not None:
         result.set("type", f"kvconform.{record['outcome']}")
         result.set("message", words)

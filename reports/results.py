@@ -285,7 +285,8 @@ def write_atomically(path: str, text: str) -> None:
     tmp = os.path.join(directory, f".{os.path.basename(target)}.tmp-{os.getpid()}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # the umask applies, as for a new file
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+        # a lone surrogate (a backend's message decoded with surrogateescape) is written as \udcff, never a crash
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", newline="") as fh:
             fh.write(text)
         if existing is not None:
             os.chmod(tmp, stat.S_IMODE(existing.st_mode))

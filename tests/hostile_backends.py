@@ -47,3 +47,11 @@ class RewritesTheExpectedArena(ReferenceBackend):
                 expected.buffer.copy_(arena.buffer.cpu())
                 return
             frame = frame.f_back
+
+
+class RaisesWithALoneSurrogate(ReferenceBackend):
+    """Its write raises an exception whose message holds a lone surrogate (text decoded with
+    ``surrogateescape`` from a C library's bytes): every report must still be written."""
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        raise RuntimeError("kernel said: \ud800\udcff bytes")

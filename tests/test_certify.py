@@ -174,6 +174,12 @@ def test_rerun_agrees_with_an_honest_bundle(bundle, capsys):
     assert out.count("here too") == 2 and "2 recorded tests rerun here agree" in out
 
 
+def test_rerun_reads_a_relative_bundle_path_from_the_callers_directory(bundle, capsys, monkeypatch):
+    monkeypatch.chdir(bundle.parent)  # the rerun itself runs in a scratch directory (#37 item 9)
+    assert main(["verify-submission", bundle.name, "--rerun", "1"]) == 0
+    assert "1 recorded tests rerun here agree" in capsys.readouterr().out
+
+
 def test_a_bundle_cannot_make_the_receiver_import_a_module_it_names():
     from kvconform import receiver
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from kvconform.reports import expectations
-from kvconform.reports.results import NOT_APPLICABLE, SCHEMA, UNEXPECTED_PASS, TestRecord, document_text, package_version, result_digest, write_atomically
+from kvconform.reports.results import FAILING, NOT_APPLICABLE, SCHEMA, SKIPPED, UNEXPECTED_PASS, TestRecord, document_text, package_version, result_digest, write_atomically
 
 from . import collection, verdict, watchdog
 from .options import runs_no_tests
@@ -139,6 +139,18 @@ def dropped_tests(first: str | None, count: int) -> list[dict]:
         return []
     return [{"kind": "not-collected", "what": f"{count} test(s) the suite generated were dropped at collection without being "
                                               f"reported deselected, e.g. {collection.suite_test_id(first) or first} (a plugin or conftest removed them)"}]
+
+
+def skipped_by_expectations(records: dict, entries: list) -> list[dict]:
+    """Checks an expectations entry Skip kept from running: never a pass, so the run is not
+    complete; those of a wildcard entry (``*``, ``?``) counted apart, with the first such entry."""
+    skipped = [r for r in records.values() if r.outcome == SKIPPED]
+    if not skipped:
+        return []
+    by = [expectations.first_match(entries, r.nodeid, expectations.record_tags(r.as_json())) if entries else None for r in skipped]
+    wild = [e for e in by if e is not None and not e.is_exact]
+    counted = (f" ({len(wild)} by wildcard entries, e.g. {wild[0].file}:{wild[0].line} {wild[0].pattern})" if wild else "")
+    return [{"kind": "skipped", "what": f"{len(skipped)} check(s) skipped by expectations entries, never run{counted}"}]
 
 
 def missing_verdicts(selected: set[str] | None, with_verdict: set[str]) -> list[dict]:
@@ -311,6 +323,7 @@ class ResultRecorder:
             *([] if narrowed else not_collected(self.selected)),
             *dropped_tests(first, dropped),
             *missing_verdicts(self.selected, with_verdict),
+            *skipped_by_expectations(self.records, self.run.expectations),
         ]
         if self.run.compare is not None:
             compared = [r for test_id, r in self.records.items() if "compare_digests" in self.last[test_id]["needs"] and r.outcome != NOT_APPLICABLE]
@@ -364,6 +377,9 @@ class ResultRecorder:
             self._update_expectations(session, records)
         if any(r["kind"] == "nothing-compared" for r in self.completion["reasons"]) and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if session.exitstatus == 0 and any(r["outcome"] in FAILING for r in records):
+            # the verdict's new failures, whatever another plugin made of pytest's reports (a rerun that passed)
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self.completion["exit_status"] = int(session.exitstatus)
         self._write(session.config, records)
 
@@ -387,7 +403,7 @@ class ResultRecorder:
 
     def _update_expectations(self, session, records) -> None:
         target = self.run.options.update_expectations
-        stopped = [r for r in self.completion["reasons"] if r["kind"] not in ("filtered", "nothing-compared")]
+        stopped = [r for r in self.completion["reasons"] if r["kind"] not in ("filtered", "nothing-compared", "skipped")]
         if stopped:
             self.notes.append(("red", f"kvconform: REFUSED to update {target}: the run did not finish "
                                       f"({'; '.join(r['what'] for r in stopped)}); the file is unchanged"))

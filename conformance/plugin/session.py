@@ -224,7 +224,10 @@ def _load_guarded(name: str):
     from ..harness import oracle_guard
 
     oracle_guard.install()
-    loaded = registry.load(name)
+    try:
+        loaded = registry.load(name)
+    except SystemExit as exc:  # the import ended the process: a load error, not a run that never started
+        return registry.Loaded(name, error=f"SystemExit({exc.code!r}): importing the backend called sys.exit")
     try:
         oracle_guard.verify(f"the import of backend {name}")
     except oracle_guard.OracleChanged as exc:
