@@ -40,11 +40,12 @@ from .vllm_base import (
 
 MEMBERS = {"HND": "LBHNC", "NHD": "LBNHC"}  # SPEC §16 order -> vLLM KVCacheLayout member
 QUANT_HEAD_SIZES = (64, 128)
-# Not attributed yet (as TRITON_MLA's decode, vllm_mla.py): under the interpreter forward gives
-# ~1.05e9 where the reference gives |x| <= 7 (int8, both orders, MHA and GQA); run compiled (the
-# H200 command in docs/QUANT.md) before blaming vLLM or Triton.
-INTERPRETED_DECODE = ("vLLM's Triton unified_attention over a per-token-head cache returns values ~1.05e9 under the interpreter where "
-                      "the reference gives |x| <= 7; not declared until a compiled run says whose it is")
+# Not a per-token-head finding: under the interpreter forward gives ~1.05e9 where the reference
+# gives |x| <= 7 (int8, both orders, MHA and GQA), and unified_attention's 2D kernel over a plain
+# bf16 cache gives ~8e8 too (as TRITON_MLA's decode, vllm_mla.py); run compiled (the H200 command in
+# docs/VLLM.md) to say whether the interpreter or the kernel is wrong.
+INTERPRETED_DECODE = ("vLLM's Triton unified_attention returns values ~1e9 under the interpreter, over a per-token-head cache (~1.05e9) "
+                      "and over a plain bf16 cache (~8e8) alike, where the reference gives |x| <= 7; not declared until a compiled run says whose it is")
 
 
 def interpreter_drops(mode: str) -> bool:
