@@ -251,7 +251,5 @@ def render(documents: list[dict], *, color: bool, width: int | None = None, fail
     table = interop.build(documents) if any(r.get("interop") for d in documents for r in d["tests"]) else None
     if table:
         interop.render_terminal(table, console)
-    if warning:
-        console.print(Text(warning, style="bold yellow"))
-    console.print(_verdict_line(verdict))
+    console.print(_verdict_line(verdict))  # the partial-run warning once, at the top: the verdict line says PARTIAL RUN and why
     return out.getvalue()

@@ -37,3 +37,10 @@ def test_kvconform_runs_report_prints_each_new_failures_block_with_its_repro():
 
 def test_a_plain_runs_report_leaves_the_blocks_to_pytest():
     assert "padding-written" not in render([document(record("failed", MESSAGE))], color=False, width=300)
+
+
+def test_a_partial_runs_warning_is_printed_once_above_its_verdict():
+    """#38 item 10: a repro line's run (one test: partial by design) repeated the banner."""
+    doc = {**document(record("passed")), "completion": {"complete": False, "reasons": [{"kind": "filtered", "what": "a test id selects part of the suite"}]}}
+    text = render([doc], color=False, width=300)
+    assert text.count("PARTIAL RUN (filtered") == 1 and text.rstrip().splitlines()[-1].startswith("kvconform verdict: PARTIAL RUN — filtered")
