@@ -86,7 +86,8 @@ def fp8_scale_divisor(version: str, platform: str, arch: str = "") -> float:
 
 def group_amax(x: torch.Tensor, group: int) -> torch.Tensor:
     """``max |x|`` over consecutive groups of the last dim, NaN ignored (``fmaxf``): ``[..., n/group]``."""
-    mags = x.float().abs().nan_to_num(nan=0.0)
+    mags = x.float().abs()
+    mags = torch.where(torch.isnan(mags), 0.0, mags)  # fmaxf skips NaN; an inf stays inf (nan_to_num would make it float max)
     return mags.unflatten(-1, (-1, group)).amax(dim=-1)
 
 
