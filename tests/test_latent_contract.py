@@ -34,3 +34,13 @@ def test_a_record_the_reference_cannot_lay_out_is_refused_before_any_capability_
         R.latent.LatentFormat(kind="fp8_ds_mla", kv_lora_rank=256)
     with pytest.raises(ValueError, match="declare at least one layout"):
         Capabilities(layouts=(), ops=frozenset(), dtypes=(torch.bfloat16,))
+
+
+def test_a_backend_that_did_not_load_is_one_errored_case_of_a_latent_check_not_a_collection_error():
+    from kvconform.backends_under_test.registry import Loaded
+    from kvconform.conformance.harness.applicability import CaseParam
+    from kvconform.conformance.harness.sweeps import expand
+
+    broken = CaseParam(Loaded("acme", error="ImportError: no module named acme_kernels"), None)
+    names, values, ids = expand(["case", "latent_format"], [broken], ("mla",))
+    assert names == ["case_param", "latent_format"] and values == [(broken, None)] and ids == ["acme"]

@@ -175,7 +175,7 @@ def expand(fixturenames, params: list[CaseParam], latent_selectors=()) -> tuple[
     name = wanted[0]
     values, ids = [], []
     for param in params:
-        if param.reason is not None or (param.layout is None and name != "latent_format"):
+        if param.reason is not None or param.loaded.backend is None or (param.layout is None and name != "latent_format"):
             swept = [None]
         else:
             swept = latent_formats(param.loaded.backend, None, latent_selectors) if name == "latent_format" else SWEEPS[name](param.loaded.backend, param.layout)
