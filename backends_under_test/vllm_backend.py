@@ -48,6 +48,7 @@ from .vllm_base import (  # noqa: F401 - re-exported: the adapter's shared parts
     VllmBackend,
     _has_module,
     _real_code_path,
+    cache_planner,
     import_vllm,
     interpreted,
     shuffle_mode,
@@ -88,6 +89,7 @@ def adapter_for(backend_cls, *, name: str | None = None, shuffle: bool = False) 
         return VllmE1Backend(backend_cls, name, shuffle)
     if hasattr(backend_cls, "supported_kv_cache_layouts") and _has_module("vllm.v1.kv_cache_layout"):
         _check_scope(backend_cls, name)
+        cache_planner()  # the worker's block sizing, which allocation calls: unavailable now, not per check
         return VllmE3Backend(backend_cls, name, shuffle)
     raise RuntimeError(
         f"unsupported vLLM version {vllm.__version__}: backend {backend_cls.__name__} has neither "
@@ -209,7 +211,6 @@ class VllmE3Backend(VllmQuant, VllmBackend):
         """The cache as vLLM's worker builds it: planner strides, then ``create_kv_cache_views``
         over the suite's buffer; returned as ``[L, B, H, N, C]`` (the per-layer views, stacked
         as a view)."""
-        from vllm.v1.core.kv_cache_planning import _get_kv_cache_bytes_per_block
         from vllm.v1.kv_cache_interface import (
             KVCacheGroupSpec,
             KVCacheTensor,
@@ -221,7 +222,7 @@ class VllmE3Backend(VllmQuant, VllmBackend):
         member = self._by_layout[str(spec.layout)]
         vspec = self.vllm_spec(spec)
         names = [f"model.layers.{i}.attn" for i in range(g.num_layers)]
-        bytes_per_block = _get_kv_cache_bytes_per_block([KVCacheGroupSpec(names, vspec)], member)
+        bytes_per_block = cache_planner()._get_kv_cache_bytes_per_block([KVCacheGroupSpec(names, vspec)], member)
         # As get_kv_cache_config_from_groups: block-outermost layouts interleave all layers per block.
         fixed_block = bytes_per_block if member.is_block_outermost else None
         layer_stride, block_stride, *_ = compute_layout_strides(vspec, g.num_blocks, g.num_layers, member, fixed_strides=(None, fixed_block, None, None, None))

@@ -67,6 +67,22 @@ def _has_module(name: str) -> bool:
         return False
 
 
+def cache_planner():
+    """The module holding the worker's ``_get_kv_cache_bytes_per_block``: vllm.v1.core.kv_cache_planning
+    since 0.33.0, vllm.v1.core.kv_cache_utils in 0.30.0-0.32.0."""
+    for module in ("vllm.v1.core.kv_cache_planning", "vllm.v1.core.kv_cache_utils"):
+        try:
+            planner = importlib.import_module(module)
+        except ImportError:
+            continue
+        if hasattr(planner, "_get_kv_cache_bytes_per_block"):
+            return planner
+    raise BackendUnavailable(
+        f"vLLM {import_vllm().__version__} has no _get_kv_cache_bytes_per_block in vllm.v1.core.kv_cache_planning or "
+        "kv_cache_utils: kvconform's vLLM adapter cannot size the worker's blocks (it knows vLLM 0.30.0-0.34.0)"
+    )
+
+
 @contextlib.contextmanager
 def shuffle_mode(enabled: bool):
     """Run vLLM with the AITER shuffled cache on or off, restoring the process's setting.

@@ -43,6 +43,7 @@ from .vllm_base import (
     _real_code_path,
     _unavailable,
     _vllm_config,
+    cache_planner,
     interpreted,
 )
 
@@ -205,7 +206,6 @@ class VllmMLABackend(VllmBackend):
     def latent_allocate(self, buffer, spec: LatentSpec):
         """As the worker: planner strides, ``create_kv_cache_views`` over ``buffer``, then the
         ``[B, H=1, N, C] → [B, N, C]`` squeeze of ``MLAAttention.bind_kv_cache``."""
-        from vllm.v1.core.kv_cache_planning import _get_kv_cache_bytes_per_block
         from vllm.v1.kv_cache_interface import (
             KVCacheGroupSpec,
             KVCacheTensor,
@@ -217,7 +217,7 @@ class VllmMLABackend(VllmBackend):
         vspec = self.mla_spec(spec)
         names = [f"model.layers.{i}.self_attn.attn" for i in range(g.num_layers)]
         member = self._layout
-        bytes_per_block = _get_kv_cache_bytes_per_block([KVCacheGroupSpec(names, vspec)], member)
+        bytes_per_block = cache_planner()._get_kv_cache_bytes_per_block([KVCacheGroupSpec(names, vspec)], member)
         fixed_block = bytes_per_block if member.is_block_outermost else None
         layer_stride, block_stride, *_ = compute_layout_strides(vspec, g.num_blocks, g.num_layers, member, fixed_strides=(None, fixed_block, None, None, None))
         size = bytes_per_block * g.num_blocks
