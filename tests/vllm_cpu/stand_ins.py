@@ -13,8 +13,8 @@ as optional or hardware-specific, never the code under test:
   unconditionally; an empty module, only if the real import fails, lets ``CudaPlatform``'s
   pure-Python block copies be called.
 - pinned memory: the simulated ROCm platform reports pinned host memory available; with no
-  accelerator, CPU torch cannot pin, so vLLM's ``PIN_MEMORY`` flag is set to the truth
-  (False) after import — vLLM's own code path for machines without pinning.
+  accelerator, CPU torch cannot pin, so vLLM's ``PIN_MEMORY`` flag and RocmPlatform's
+  ``is_pin_memory_available`` are set to the truth (False) after import — vLLM's own code path for machines without pinning.
 - ``aiter.ops.triton.unified_attention``: ROCM_AITER_UNIFIED_ATTN's impl imports AITER's
   attention kernel in ``__init__``; the stand-in raises if the kernel is ever *called*, so
   only the cache-layout code (split, cache update) runs.
@@ -107,4 +107,7 @@ def install(arch: str | None = None) -> str:
     if not torch.cuda.is_available():  # the simulated device's CU count, which RocmPlatform asks torch.cuda for
         rocm = importlib.import_module("vllm.platforms.rocm").RocmPlatform
         rocm.num_compute_units = classmethod(lambda cls, device_id=0: COMPUTE_UNITS.get(arch, COMPUTE_UNITS["gfx942"]))
+        # Pinning, as PIN_MEMORY above, for releases that ask the platform at each call (0.30.0-0.32.0's
+        # async_tensor_h2d, which copy_kv_cache_blocks_inplace calls: "pin_memory=True requires a CUDA ...").
+        rocm.is_pin_memory_available = classmethod(lambda cls: False)
     return arch
