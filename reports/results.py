@@ -121,12 +121,30 @@ def of(document: dict) -> dict:
 
 
 def is_complete(document: dict) -> bool:
-    return of(document).get("complete") is True
+    """The document says it is complete, and nothing in it says otherwise (see :func:`contradictions`)."""
+    return of(document).get("complete") is True and not of(document).get("reasons") and not contradictions(document)
+
+
+def contradictions(document: dict) -> list[dict]:
+    """Why a document that claims ``complete: true`` is not (a file edited after its run): a
+    check skipped by expectations in its records, or counts that do not add up to its records."""
+    c, tests = of(document), document.get("tests")
+    if c.get("complete") is not True or tests is None:
+        return []
+    if not isinstance(tests, list):
+        return [{"kind": "unknown", "what": "its tests are not a list"}]
+    found = []
+    if any(isinstance(r, dict) and r.get("outcome") == SKIPPED for r in tests):
+        found.append({"kind": "skipped", "what": "it says complete, yet its records hold checks skipped by expectations"})
+    counts = {k: c.get(k) for k in ("selected", "recorded") if isinstance(c.get(k), int) and c.get(k) != len(tests)}
+    if counts:
+        found.append({"kind": "unknown", "what": f"it says complete, yet {', '.join(f'{k} {n}' for k, n in counts.items())} != {len(tests)} records"})
+    return found
 
 
 def reasons_text(document: dict) -> str:
     """``interrupted (…); filtered (…)`` — why the run is partial ('' when complete)."""
-    return "; ".join(f"{r['kind']}: {r['what']}" for r in of(document).get("reasons", []))
+    return "; ".join(f"{r['kind']}: {r['what']}" for r in [*of(document).get("reasons", []), *contradictions(document)])
 
 
 def headline(document: dict) -> str | None:
@@ -144,7 +162,7 @@ def merged(documents: list[dict]) -> dict:
     """Completion of several runs shown together: complete only when every run is."""
     reasons = []
     for number, document in enumerate(documents, start=1):
-        reasons += [{**reason, "what": f"run {number}: {reason['what']}"} for reason in of(document).get("reasons", [])]
+        reasons += [{**reason, "what": f"run {number}: {reason['what']}"} for reason in [*of(document).get("reasons", []), *contradictions(document)]]
     return {"complete": all(is_complete(d) for d in documents), "reasons": reasons}
 
 

@@ -73,3 +73,14 @@ def test_a_lone_surrogate_in_a_backend_message_reaches_every_report(tmp_path):
     assert result.returncode == 1 and {r["outcome"] for r in result.records} == {"error"}, result.output
     assert "kvconform verdict:" in result.proc.stdout and "\\udcff" in (tmp_path / "results.html").read_text()
     ET.parse(junit)
+
+
+def test_a_results_file_edited_to_claim_complete_is_still_partial():
+    from kvconform.reports import results
+
+    claimed = {"environment": {}, "completion": {"complete": True, "reasons": [], "selected": 3, "recorded": 3},
+               "tests": [{"nodeid": "a", "outcome": "passed"}, {"nodeid": "b", "outcome": "skipped"}]}
+    assert not results.is_complete(claimed)
+    assert results.headline(claimed).startswith("PARTIAL RUN (skipped: it says complete, yet its records hold checks skipped by expectations; "
+                                                "unknown: it says complete, yet selected 3, recorded 3 != 2 records)")
+    assert results.verdict([claimed], holes=0)[0] == results.PARTIAL
