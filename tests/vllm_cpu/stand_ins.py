@@ -110,4 +110,6 @@ def install(arch: str | None = None) -> str:
         # Pinning, as PIN_MEMORY above, for releases that ask the platform at each call (0.30.0-0.32.0's
         # async_tensor_h2d, which copy_kv_cache_blocks_inplace calls: "pin_memory=True requires a CUDA ...").
         rocm.is_pin_memory_available = classmethod(lambda cls: False)
+        asked = importlib.import_module("vllm.utils.platform_utils").is_pin_memory_available
+        getattr(asked, "cache_clear", lambda: None)()  # 0.32.0 caches the answer it gave during vLLM's import
     return arch
