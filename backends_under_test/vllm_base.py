@@ -76,6 +76,11 @@ def cache_planner():
         except ImportError:
             continue
         if hasattr(planner, "_get_kv_cache_bytes_per_block"):
+            if len(inspect.signature(planner._get_kv_cache_bytes_per_block).parameters) < 2:  # 0.31.0 and before: no layout
+                raise BackendUnavailable(
+                    f"vLLM {import_vllm().__version__}'s {module}._get_kv_cache_bytes_per_block takes no KVCacheLayout: "
+                    "kvconform's vLLM adapter sizes blocks per layout (vLLM 0.32.0-0.34.0)"
+                )
             return planner
     raise BackendUnavailable(
         f"vLLM {import_vllm().__version__} has no _get_kv_cache_bytes_per_block in vllm.v1.core.kv_cache_planning or "
