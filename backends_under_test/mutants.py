@@ -701,6 +701,19 @@ class CopyBlocks16BitIds(Mutant):
         super().copy_blocks(cache, block_mapping & 0xFFFF, spec)
 
 
+class Swap16BitIds(Mutant):
+    """Swaps with block ids truncated to 16 bits (an int16 id field): block ``b`` past 2^16 is
+    block ``b mod 2^16`` on both sides of the copy (ADDR-BLOCK-ID)."""
+
+    catches = ("swap",)
+
+    def swap_out(self, cache, host_cache, src_ids, dst_ids, spec):
+        super().swap_out(cache, host_cache, src_ids & 0xFFFF, dst_ids & 0xFFFF, spec)
+
+    def swap_in(self, host_cache, cache, src_ids, dst_ids, spec):
+        super().swap_in(host_cache, cache, src_ids & 0xFFFF, dst_ids & 0xFFFF, spec)
+
+
 class DecodeInt32Offsets(Mutant):
     """Decode computes the element offset of block ``b`` (``b·page``) in 32-bit arithmetic: past
     2^31 it wraps and reads another block (emulated by remapping the table; exact for the
@@ -1170,6 +1183,7 @@ MUTANTS = {
     "swap_block_bytes_for_two_byte_elements": SwapBlockBytesForTwoByteElements,
     "swap_byte_offsets_int32": SwapByteOffsetsInt32,
     "copy_blocks_16_bit_ids": CopyBlocks16BitIds,
+    "swap_16_bit_ids": Swap16BitIds,
     "decode_int32_offsets": DecodeInt32Offsets,
     "write_ignores_layer": WriteIgnoresLayer,
     "decode_reads_first_layer": DecodeReadsFirstLayer,

@@ -339,6 +339,23 @@ def test_a_large_cache_is_mapped_in_the_blocks_it_differs_in():
     ]
 
 
+@pytest.mark.parametrize("far, near, widths", [
+    ((1 << 16) + 1, 1, "2^16"), ((1 << 20) + 1, 1, "2^16 or 2^20"), ((1 << 20) + (1 << 16) + 1, (1 << 16) + 1, "2^20")])
+def test_a_block_written_at_its_id_truncated_names_the_width_the_ids_wrap_at(far, near, widths):
+    g = R.Geometry(num_blocks=far + 2, block_size=1, num_kv_heads=1, head_size=16, dtype=torch.float8_e4m3fn)
+    spec = CacheSpec(layout=NHD, geometry=g, kv_cache_dtype="fp8")
+    expected, actual = (LazyArena(lazy_zeros(2 * GUARD + NHD.nbytes(g)), spec) for _ in range(2))
+    row = torch.arange(16, dtype=torch.uint8) * 3 + 1
+    expected.region[NHD.offsets(g, block=far, kv=K, slot=0, dim=torch.arange(16))] = row
+    actual.region[NHD.offsets(g, block=near, kv=K, slot=0, dim=torch.arange(16))] = row  # the id truncated
+    with pytest.raises(ConformanceFailure) as failure:
+        assert_arenas_equal("swap", CASE, expected, actual)
+    found = failure.value.details["diagnosis"]
+    assert [d["fault"] for d in found] == ["block-id-wrap", "never-written"]
+    assert found[0]["sentence"] == f"K[b={near}, s=0] holds K[b={far}, s=0]'s bytes: block ids wrap modulo {widths} ({far} → {near}); " \
+                                   f"K[b={far}, s=0] is untouched"
+
+
 def test_a_failure_shows_the_findings_first_then_the_first_element_of_each_row():
     twin = Twin()
     twin.write([2 * N + 4, 3 * N + 1])

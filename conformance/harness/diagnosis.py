@@ -70,6 +70,8 @@ FAULTS = {
                       "leaves it, lies right next to a slot the op wrote correctly",
     "neighbour-block": "holds the bytes of the same element in the block before or after; or, changed though the "
                        "op leaves it, lies right next to a block the op wrote correctly (a copy that ran on)",
+    "block-id-wrap": "holds the bytes of the same element of a block whose id is the same modulo 2^16, 2^20 or 2^32: "
+                     "block ids truncated to 16, 20 or 32 bits (or an address past 2^31 computed in 32 bits)",
     "other-layer": "holds the bytes of the same element of another layer",
     "other-head": "holds the bytes of the same element of another head",
     "other-element": "holds the expected bytes of another logical element",
@@ -91,10 +93,11 @@ FAULTS = {
     "not-examined": "differing elements not explained: past the examined ones, outside the mapped blocks of a large cache, or in groups past the listed ones",
 }
 _ID = {name: i for i, name in enumerate(FAULTS)}
-_MOVES = ("kv-swapped", "neighbour-slot", "neighbour-block", "other-layer", "other-head", "other-element")
+_MOVES = ("kv-swapped", "neighbour-slot", "neighbour-block", "block-id-wrap", "other-layer", "other-head", "other-element")
 _HOLDERS = _MOVES + ("wrong-layout",)  # classes whose elements hold another element's bytes
 KV_NAMES = ("K", "V")
 _DIMS = ("layer", "block", "kv", "slot", "head", "dim")
+ID_WIDTHS = (16, 20, 32)  # block id fields a kernel truncates to: int16, a 20-bit field, int32
 _OUTSIDE = {0: "guard-before", 2: "padding", 3: "guard-after"}  # element kinds; 1 is a logical element
 
 
@@ -429,7 +432,7 @@ class _Diagnosis:
             return
         delta = self.grid.coords(found.clamp(min=0)) - self.coords
         for name in _MOVES:
-            chosen = mask & _move_kind(delta, self.g, name)
+            chosen = mask & _move_kind(delta, self.g, name, self.coords[:, 1])
             self.assign(chosen, name, found)
             mask = mask & ~chosen
 
@@ -568,8 +571,16 @@ def _window_keys(buffer: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tens
     return raw.contiguous().view(torch.int64).flatten(), distinct >= DISTINCT
 
 
-def _move_kind(delta: torch.Tensor, g: R.Geometry, name: str) -> torch.Tensor:
-    """Which coordinate differences ``source − destination`` (``(n, 6)``) are moves of this kind."""
+def wrap_widths(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``(n, len(ID_WIDTHS))``: for which widths w the smaller of two block ids is the larger one
+    modulo 2^w (what the larger id becomes truncated to w bits)."""
+    low, high = torch.minimum(a, b), torch.maximum(a, b)
+    return torch.stack([(low != high) & (high % (1 << w) == low) for w in ID_WIDTHS], dim=1)
+
+
+def _move_kind(delta: torch.Tensor, g: R.Geometry, name: str, block: torch.Tensor) -> torch.Tensor:
+    """Which coordinate differences ``source − destination`` (``(n, 6)``) of elements in blocks
+    ``block`` are moves of this kind."""
     moved = [delta[:, c] != 0 for c in range(6)]
 
     def only(*cols):
@@ -587,6 +598,8 @@ def _move_kind(delta: torch.Tensor, g: R.Geometry, name: str) -> torch.Tensor:
         return only(1, 3) & ((delta[:, 1] * g.block_size + delta[:, 3]).abs() == 1)
     if name == "neighbour-block":
         return only(1) & (delta[:, 1].abs() == 1)
+    if name == "block-id-wrap":
+        return only(1) & wrap_widths(block, block + delta[:, 1]).any(dim=1)
     if name == "other-layer":
         return only(0)
     if name == "other-head":
@@ -823,11 +836,13 @@ class _Report:
         src = _relative_text(source, where, d.g) if source else ""
         if fault in _HOLDERS and tag < 0:  # the far end of a move
             how = f": where {d.alternatives[-1 - tag]} puts them" if fault == "wrong-layout" else ""
+            how = _wrapped(where, source, d) if fault == "block-id-wrap" else how
             return f"{w} does not hold its bytes; {src} does{how}"
         if fault in _HOLDERS:
             reason = {
                 "kv-swapped": ": K and V swapped", "neighbour-slot": ": the neighbouring slot's",
                 "neighbour-block": ": the neighbouring block's", "other-layer": ": another layer's",
+                "block-id-wrap": _wrapped(where, source, d) if source else "",
                 "other-head": f": heads {_signed(source.head[0] - where.head[0])}" if source else "",
                 "wrong-layout": f": where {d.alternatives[tag]} puts them" if tag < len(d.alternatives) else "",
             }.get(fault, "")
@@ -988,6 +1003,16 @@ def _count(span: Span, g: R.Geometry) -> str:
 def _relative_text(source: Span, where: Span, g: R.Geometry) -> str:
     """The source box, leaving out the head and dim values it shares with the destination."""
     return _box_text(source, g, tuple(name for name in ("head", "dim") if getattr(source, name) == getattr(where, name)))
+
+
+def _wrapped(where: Span, source: Span, d: _Diagnosis) -> str:
+    """``: block ids wrap modulo 2^16 (65537 → 1)``, naming every width the two ids agree with, and
+    an address computed in 32 bits where the larger block starts past element 2^31 (same bytes)."""
+    a, b = where.block[0], source.block[0]
+    widths = [w for w, hit in zip(ID_WIDTHS, wrap_widths(torch.tensor([a]), torch.tensor([b]))[0].tolist()) if hit]
+    past = max(a, b) * (d.numel // d.g.num_blocks) >= 1 << 31
+    return (f": block ids wrap modulo {' or '.join(f'2^{w}' for w in widths)} ({max(a, b)} → {min(a, b)}"
+            + ("; or an address past 2^31 computed in 32 bits" if past else "") + ")")
 
 
 def _signed(value: int) -> str:
