@@ -38,6 +38,8 @@ FLASHINFER = {  # FlashInfer's own paged-KV append and decode, one name per kv_l
     "flashinfer:nhd": "kvconform.backends_under_test.flashinfer_backend:FlashInferNHD",
     "flashinfer:hnd": "kvconform.backends_under_test.flashinfer_backend:FlashInferHND",
 }
+# vLLM's compiled latent-cache kernels called directly (vllm_latent_ops.py): needs a CUDA GPU and the ops library.
+VLLM_OPS = {"vllm_ops:mla": "kvconform.backends_under_test.vllm_latent_ops:VllmOpsMLA"}
 # LMCache's connector transfer, one name per vLLM cache layout: ``lmcache:`` its CUDA kernel,
 # ``lmcache_torch:`` its torch baseline of the same op (lmcache_connector.py).
 LMCACHE = {f"{prefix}:{name}": f"kvconform.backends_under_test.lmcache_connector:LMCache{kernel}{cls}"
@@ -69,7 +71,7 @@ def registered() -> dict[str, str]:
     from .faults import FAULTS
     from .mutants import MUTANTS
 
-    names = {**entry_points(), **BUILTIN, **AITER, **FLASHINFER, **LMCACHE}
+    names = {**entry_points(), **BUILTIN, **AITER, **FLASHINFER, **VLLM_OPS, **LMCACHE}
     names.update({MUTANT_PREFIX + m: f"{cls.__module__}:{cls.__name__}" for m, cls in MUTANTS.items()})
     names.update({FAULT_PREFIX + f: f"kvconform.backends_under_test.faults:{cls.__name__}" for f, cls in FAULTS.items()})
     return names
