@@ -95,12 +95,12 @@ def test_screenshot_is_saved_as_an_artifact(report):
 
 class Details(HTMLParser):
     """Per test <details> of the rendered DOM: its outcome, whether it is open, and what it holds
-    (property line, mismatch table, byte-map picture, repro line)."""
+    (property line, mismatch table, byte-map picture, repro line) and the tooltips of its picture."""
 
     def __init__(self):
         super().__init__()
         self.tests, self.depth, self.current, self.counts = {}, 0, None, None
-        self._in_counts = False
+        self._in_counts = self._in_title = False
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
@@ -108,11 +108,12 @@ class Details(HTMLParser):
             self.depth += 1
             if "data-nodeid" in attrs:
                 self.current = self.tests[attrs["data-nodeid"]] = {"outcome": attrs["data-outcome"], "open": "open" in attrs,
-                                                                   "depth": self.depth, "holds": set()}
+                                                                   "depth": self.depth, "holds": set(), "titles": []}
         elif self.current is not None:
             classes = set((attrs.get("class") or "").split())
             self.current["holds"] |= {name for name, hit in (("property", "property" in classes), ("mismatches", tag == "table" and "mismatches" in classes),
                                                              ("picture", tag == "svg"), ("repro", "repro" in classes)) if hit}
+        self._in_title = tag == "title" and self.current is not None
         self._in_counts = attrs.get("id") == "counts"
 
     def handle_endtag(self, tag):
@@ -122,6 +123,9 @@ class Details(HTMLParser):
             self.depth -= 1
 
     def handle_data(self, data):
+        if self._in_title:
+            self.current["titles"].append(data)
+            self._in_title = False
         if self._in_counts:
             self.counts = data
             self._in_counts = False
@@ -145,6 +149,13 @@ def test_a_default_run_of_a_failing_backend_shows_every_failure_whole(tmp_path):
         wants = {"property", "repro"} | ({"mismatches"} if (r["failure"] or {}).get("mismatches") else set()) | \
                 ({"picture"} if (r["failure"] or {}).get("byte_map") else set())
         assert shown["open"] and wants <= shown["holds"], (r["nodeid"], shown)
+    pictured = [r for r in failed if (r["failure"] or {}).get("byte_map")
+                and any(f["fault"] == "bit-flip" for f in r["failure"].get("diagnosis") or [])]
+    assert pictured, "no failure of the bit-flip mutant has a picture"
+    for r in pictured:  # a value fault's rows are drawn in place with wrong values, never as "no logical row" (#38 item 5)
+        tips = dom.tests[r["nodeid"]]["titles"]
+        assert any("with wrong values (bit-flip)" in t for t in tips), (r["nodeid"], tips[:4])
+        assert not any("actual no logical row" in t for t in tips), (r["nodeid"], [t for t in tips if "no logical row" in t][:4])
     assert sum(1 for r in failed if (r["failure"] or {}).get("mismatches")) == sum(1 for r in failed if "mismatches" in dom.tests[r["nodeid"]]["holds"])
     expected = [r for r in records if r["outcome"] == "expected-failure"]
     assert expected and not any(dom.tests[r["nodeid"]]["open"] for r in expected)
