@@ -34,6 +34,7 @@ from .vllm_base import (
     INTERPRETER_FP8,
     _real_code_path,
     _vllm_config,
+    cache_planner,
     interpreted,
     stack_layer_views,
 )
@@ -94,7 +95,6 @@ class VllmQuant(QuantOps):
     def quant_allocate(self, buffer, spec: QuantSpec):
         """As the worker: planner strides and ``create_kv_cache_views`` over ``buffer`` in the
         order's layout, stacked ``[L, B, H, N, C]``; then layer ``spec.layer``'s first use."""
-        from vllm.v1.core.kv_cache_planning import _get_kv_cache_bytes_per_block
         from vllm.v1.kv_cache_interface import (
             KVCacheGroupSpec,
             KVCacheTensor,
@@ -107,7 +107,7 @@ class VllmQuant(QuantOps):
         vspec = self._quant_vllm_spec(g)
         member = KVCacheLayout[MEMBERS[g.order]]
         names = [f"model.layers.{i}.attn" for i in range(g.num_layers)]
-        bytes_per_block = _get_kv_cache_bytes_per_block([KVCacheGroupSpec(names, vspec)], member)
+        bytes_per_block = cache_planner()._get_kv_cache_bytes_per_block([KVCacheGroupSpec(names, vspec)], member)
         layer_stride, block_stride, *_ = compute_layout_strides(vspec, g.num_blocks, g.num_layers, member)
         size = bytes_per_block * g.num_blocks
         if size != buffer.numel():
