@@ -21,24 +21,12 @@ from . import triton_kernels as KV
 from . import triton_latent_kernels as K
 from .contract import Backend, Capabilities
 from .latent_contract import LatentCapabilities, LatentSpec
+from .reference_mla import latent_formats  # the kernels write and read every format the reference declares
 from .triton_backends import _platform, device_arch
 
 # Every latent op but the connector's TP plan (a connector's decision, not a kernel's).
 OPS = frozenset({"latent_write", "latent_grouped_write", "latent_gather", "latent_decode", "latent_copy", "latent_swap",
                  "indexer_write", "indexer_gather", "latent_regions"})
-
-
-def kernel_formats(platform: str, arch: str) -> tuple:
-    """The record formats the kernels write and read: plain MLA 576 wide (bf16, fp16, fp8 e4m3 and
-    e5m2) and 256 + 32, fp8_ds_mla, the indexer (head dim 128) with each scale format."""
-    LF = R.latent.LatentFormat
-    on = {"platform": platform, "arch": arch}
-    return (
-        LF(kind="mla", **on), LF(kind="mla", model_dtype=torch.float16, **on), LF(kind="mla", kv_lora_rank=256, rope_dim=32, **on),
-        LF(kind="mla", cache_dtype="fp8", **on), LF(kind="mla", cache_dtype="fp8_e5m2", **on),
-        LF(kind="fp8_ds_mla", **on),
-        *(LF(kind="indexer", scale_format=s, **on) for s in R.latent.INDEXER_SCALE_FORMATS),
-    )
 
 
 class TritonMLA(Backend):
@@ -49,7 +37,7 @@ class TritonMLA(Backend):
         self.device = "cpu" if self.platform == "cpu" else "cuda"
         self._capabilities = Capabilities(
             layouts=(), ops=frozenset(),
-            latent=LatentCapabilities(formats=kernel_formats(self.platform, self.arch()), ops=OPS, block_sizes=(16, 64), num_layers=(1, 3)),
+            latent=LatentCapabilities(formats=latent_formats(self.platform, self.arch()), ops=OPS, block_sizes=(16, 64), num_layers=(1, 3)),
         )
 
     @property
