@@ -4,7 +4,7 @@ logical ``(B, H, N, C)`` cache in HND or NHD strides, float32 scale views carved
 by its strides (``_ensure_scale_caches``), K/V data views by ``transpose(1, 2).split``
 (``_pth_key_value_caches``). The checks hold it against reference/quant_codecs.py.
 
-Each step is a method so that a mutant (quant_mutants.py) replaces exactly one.
+Each step is a method so that a mutant (mutants/quant.py) replaces exactly one.
 """
 
 from __future__ import annotations

@@ -4,13 +4,16 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
 import re
 import sys
 import traceback
+from pathlib import Path
 
 from .contract import Backend, BackendOutOfScope, BackendUnavailable
 
@@ -69,12 +72,26 @@ def entry_points() -> dict[str, str]:
 def registered() -> dict[str, str]:
     """Every name ``--backend`` accepts (besides ``pkg.module:attr`` and ``mutant:NAME``)."""
     from .faults import FAULTS
-    from .mutants import MUTANTS
 
     names = {**entry_points(), **BUILTIN, **AITER, **FLASHINFER, **VLLM_OPS, **LMCACHE}
-    names.update({MUTANT_PREFIX + m: f"{cls.__module__}:{cls.__name__}" for m, cls in MUTANTS.items()})
+    names.update({MUTANT_PREFIX + m: target for m, target in mutant_targets().items()})
     names.update({FAULT_PREFIX + f: f"kvconform.backends_under_test.faults:{cls.__name__}" for f, cls in FAULTS.items()})
     return names
+
+
+@functools.cache
+def mutant_targets() -> dict[str, str]:
+    """``NAME -> module:Class`` of every ``@mutant("NAME")`` declaration in the mutants package,
+    read from its source: naming the backends imports no mutant, so a run that asks for none
+    loads none (and a run of one loads its family's module only)."""
+    package = Path(__file__).with_name("mutants")
+    targets = {}
+    for path in sorted(package.glob("*.py")):
+        for node in ast.parse(path.read_text(), str(path)).body:
+            for decorator in getattr(node, "decorator_list", ()):
+                if isinstance(decorator, ast.Call) and getattr(decorator.func, "id", None) == "mutant":
+                    targets[ast.literal_eval(decorator.args[0])] = f"{__package__}.mutants.{path.stem}:{node.name}"
+    return targets
 
 
 def default_names() -> list[str]:

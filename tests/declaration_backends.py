@@ -4,7 +4,7 @@ vendor did in #38 — fp8_e4m3 without its alias fp8 — and with both."""
 
 import dataclasses
 
-from kvconform.backends_under_test.mutants import KScaleForVOnWrite
+from kvconform.backends_under_test.mutants.write import KScaleForVOnWrite
 
 
 class E4m3WithoutItsAlias(KScaleForVOnWrite):

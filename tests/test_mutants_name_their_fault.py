@@ -7,10 +7,7 @@ from collections import defaultdict
 
 import pytest
 
-from kvconform.backends_under_test.input_mutants import INPUT_MUTANTS
-from kvconform.backends_under_test.latent_mutants import LATENT_MUTANTS
 from kvconform.backends_under_test.mutants import MUTANTS
-from kvconform.backends_under_test.quant_mutants import QUANT_MUTANTS
 from kvconform.conformance.harness.diagnosis import FAULTS
 
 from .suite_runs import run_suite
@@ -23,6 +20,12 @@ WRITE = "test_written_elements_land_at_reference_offsets_and_nothing_else_change
 SWAP_OUT = "test_swap_out_places_each_block_at_its_host_slot"
 RESHARD = "test_resharding_gives_every_consumer_rank_exactly_its_heads"
 HYBRID = "test_hybrid_model_groups_round_trip_each_with_its_own_geometry"
+
+
+def declared_in(family: str) -> set[str]:
+    """The mutants of one module of the mutants package."""
+    return {m for m, cls in MUTANTS.items() if cls.__module__.endswith(f".mutants.{family}")}
+
 
 # mutant: (the fault class its failure names, the check that shows it, the test id after "mutant:NAME-")
 NAMED = {
@@ -90,13 +93,13 @@ UNNAMED = {
 # Latent-cache faults are told in record coordinates by harness/latent.py (never-written, stray-write,
 # moved), not in the K/V diagnosis' fault classes.
 UNNAMED.update({m: "a latent-cache fault: its failures are told by record, field and byte (harness/latent.py)"
-                for m in LATENT_MUTANTS if set(MUTANTS[m].catches) & BYTE_FAMILIES})
+                for m in declared_in("latent") if set(MUTANTS[m].catches) & BYTE_FAMILIES})
 # Input-changing faults fail OP-INPUTS-UNCHANGED before any cache byte is compared (harness/oracle_guard.py).
 UNNAMED.update({m: "an op that changes its inputs: its failure names the argument and its first changed element"
-                for m in INPUT_MUTANTS if set(MUTANTS[m].catches) & BYTE_FAMILIES})
+                for m in declared_in("inputs") if set(MUTANTS[m].catches) & BYTE_FAMILIES})
 # Per-token-head faults are told in cell coordinates by harness/quant.py (layer, block, slot, head, field, byte).
 UNNAMED.update({m: "a per-token-head cache fault: its failures are told by cell, field and byte (harness/quant.py)"
-                for m in QUANT_MUTANTS if set(MUTANTS[m].catches) & BYTE_FAMILIES})
+                for m in declared_in("quant") if set(MUTANTS[m].catches) & BYTE_FAMILIES})
 
 
 def test_every_mutant_of_a_byte_comparing_family_is_named_or_says_why_not():

@@ -1,6 +1,6 @@
 """Realistic regressions edited into vLLM 0.33.0's own source, to prove the checks fail on them.
 
-kvconform's own mutants (backends_under_test/mutants.py) prove a check can fail on *our*
+kvconform's own mutants (backends_under_test/mutants/) prove a check can fail on *our*
 backends; a check that runs against vLLM also has to fail when *vLLM's* code goes wrong — a
 check that compares the wrong names, or whose inputs steer vLLM off its production path, passes
 whatever vLLM does. Each regression below is a textual edit of one vLLM module, applied when

@@ -1,6 +1,6 @@
 """Seeded faults of per-token-head quantised caches: ``reference_quant`` with one step wrong each
-(issue 36; the field bugs of ../shared/spec/MLA_AND_QUANT_FACTS.md §4). Registered with the K/V
-mutants (``mutants.MUTANTS``): each must be caught by the families it names (``catches``).
+(issue 36; the field bugs of ../shared/spec/MLA_AND_QUANT_FACTS.md §4). Each must be caught by the
+families it names (``catches``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import torch
 from kvconform.reference import quant_codecs as QC
 from kvconform.reference import quant_layouts as QL
 
-from .reference_quant import ReferenceQuant
+from . import mutant
+from ..reference_quant import ReferenceQuant
 
 
 class QuantMutant(ReferenceQuant):
@@ -21,6 +22,7 @@ class QuantMutant(ReferenceQuant):
     suite_args: tuple[str, ...] = ()
 
 
+@mutant("quant_scale_view_from_shape")
 class ScaleViewFromShape(QuantMutant):
     """Builds the scale views from the shape, as if every cache were contiguous HND, not from the
     tensor's strides: an NHD cache gets its scales written into other heads' and slots' bytes."""
@@ -36,6 +38,7 @@ class ScaleViewFromShape(QuantMutant):
         return tuple(torch.as_strided(f32, (B, N, H), (H * N * C // 4, C // 4, N * C // 4), base + off // 4) for off in (D, C // 2 + D))
 
 
+@mutant("quant_scales_reset_across_layers")
 class ScalesResetAcrossLayers(QuantMutant):
     """A layer's first use fills the scales of every layer of the allocation with 1.0 (scale views
     built over the whole storage): layer 1 coming up resets what layer 0 wrote."""
@@ -49,6 +52,7 @@ class ScalesResetAcrossLayers(QuantMutant):
                 view.fill_(1.0)
 
 
+@mutant("quant_v_scaled_with_k_scale")
 class VScaledWithKScale(QuantMutant):
     """Quantises V with K's scale and stores K's scale for V."""
 
@@ -66,6 +70,7 @@ class VScaledWithKScale(QuantMutant):
         return (k_codes, k_scales), (v_codes, k_scales)
 
 
+@mutant("quant_int8_round_half_to_even")
 class RoundHalfToEven(QuantMutant):
     """int8 codes by ``torch.round`` (ties to even, as vLLM's test reference does) instead of the
     kernel's +0.5 then truncation (ties away from zero)."""
@@ -84,6 +89,7 @@ class RoundHalfToEven(QuantMutant):
         return tuple(out)
 
 
+@mutant("quant_no_scale_floor")
 class NoScaleFloor(QuantMutant):
     """Omits the 1e-6 floor of the scale: an all-zero row gets scale 0 and NaN codes."""
 
@@ -96,6 +102,7 @@ class NoScaleFloor(QuantMutant):
         return (k_codes, torch.where(zero(key), 0.0, k_scales)), (v_codes, torch.where(zero(value), 0.0, v_scales))
 
 
+@mutant("quant_nhd_hnd_strides_swapped")
 class StridesSwapped(QuantMutant):
     """Lays an HND cache out with NHD strides and an NHD cache with HND strides."""
 
@@ -107,6 +114,7 @@ class StridesSwapped(QuantMutant):
         return dataclasses.replace(g, order=other).strides()
 
 
+@mutant("quant_padding_slot_written")
 class PaddingSlotWritten(QuantMutant):
     """Treats slot -1 as the last slot of the cache (Python's negative index), codes and scales."""
 
@@ -117,6 +125,7 @@ class PaddingSlotWritten(QuantMutant):
         return torch.arange(len(slot_mapping), device=slot_mapping.device)
 
 
+@mutant("quant_decode_ignores_scales")
 class DecodeIgnoresScales(QuantMutant):
     """Decodes the codes as values, scale 1 (the per-token-head scale never applied to S and P)."""
 
@@ -127,6 +136,7 @@ class DecodeIgnoresScales(QuantMutant):
         return super().decode_values(codes, torch.ones_like(scales), g)
 
 
+@mutant("quant_copy_leaves_scales")
 class CopyLeavesScales(QuantMutant):
     """Copies a block's K and V codes but not their scales (the data views, not the page)."""
 
@@ -140,6 +150,7 @@ class CopyLeavesScales(QuantMutant):
                     view[dst] = view[src].clone()
 
 
+@mutant("quant_swap_one_layer")
 class SwapOneLayer(QuantMutant):
     """Swaps the pages of layer ``spec.layer`` only: the other layers' codes and scales stay behind."""
 
@@ -151,6 +162,7 @@ class SwapOneLayer(QuantMutant):
         dst_cache[layer, dst_ids.to(dst_cache.device)] = src_cache[layer, src_ids.to(src_cache.device)].to(dst_cache.device)
 
 
+@mutant("quant_regions_leave_scales")
 class RegionsLeaveScales(QuantMutant):
     """Registers a head slice's K and V codes, run by run, but not the scales between them: the
     consumer decodes the producer's codes with its own stale scales."""
@@ -163,18 +175,3 @@ class RegionsLeaveScales(QuantMutant):
         cells = super().quant_regions(cache, spec, block_ids, heads)
         starts = [start + i * g.cell_bytes for start, length in cells for i in range(length // g.cell_bytes)]
         return [(s + side * g.padded_head, g.head_size) for s in starts for side in (0, 1)]
-
-
-QUANT_MUTANTS = {
-    "quant_scale_view_from_shape": ScaleViewFromShape,
-    "quant_scales_reset_across_layers": ScalesResetAcrossLayers,
-    "quant_v_scaled_with_k_scale": VScaledWithKScale,
-    "quant_int8_round_half_to_even": RoundHalfToEven,
-    "quant_no_scale_floor": NoScaleFloor,
-    "quant_nhd_hnd_strides_swapped": StridesSwapped,
-    "quant_padding_slot_written": PaddingSlotWritten,
-    "quant_decode_ignores_scales": DecodeIgnoresScales,
-    "quant_copy_leaves_scales": CopyLeavesScales,
-    "quant_swap_one_layer": SwapOneLayer,
-    "quant_regions_leave_scales": RegionsLeaveScales,
-}

@@ -6,14 +6,16 @@ scaled ``query`` in place also bent the expected value computed from it."""
 
 from __future__ import annotations
 
-from .reference_backend import ReferenceBackend
+from . import mutant
+from ..reference_backend import ReferenceBackend
 
 
 class InputMutant(ReferenceBackend):
-    catches: tuple[str, ...] = ()  # check families that must fail (mutants.Mutant)
+    catches: tuple[str, ...] = ()  # check families that must fail (base.Mutant)
     suite_args: tuple[str, ...] = ()
 
 
+@mutant("write_destroys_its_inputs")
 class WriteDestroysItsInputs(InputMutant):
     """Writes every token right, then uses ``key``, ``value``, ``slot_mapping`` and ``k_scale`` as
     scratch: zeroes the rows, marks every slot padding, zeroes the scale."""
@@ -28,6 +30,7 @@ class WriteDestroysItsInputs(InputMutant):
         k_scale.zero_()
 
 
+@mutant("decode_scales_query_in_place")
 class DecodeScalesQueryInPlace(InputMutant):
     """Ignores the softmax scale (decodes with scale 1), then multiplies the caller's ``query`` in
     place by ``1 / scale``: an oracle computed from that query afterwards expects the same wrong
@@ -41,6 +44,7 @@ class DecodeScalesQueryInPlace(InputMutant):
         return out
 
 
+@mutant("copy_blocks_sorts_its_mapping")
 class CopyBlocksSortsItsMapping(InputMutant):
     """Copies every pair right, after sorting ``block_mapping``'s rows in place by source block
     (a kernel that orders its work by reordering the caller's tensor)."""
@@ -52,6 +56,7 @@ class CopyBlocksSortsItsMapping(InputMutant):
         super().copy_blocks(cache, block_mapping, spec)
 
 
+@mutant("swap_out_consumes_its_ids")
 class SwapOutConsumesItsIds(InputMutant):
     """Swaps every block right, then zeroes ``src_ids`` (used as a completion list)."""
 
@@ -60,11 +65,3 @@ class SwapOutConsumesItsIds(InputMutant):
     def swap_out(self, cache, host_cache, src_ids, dst_ids, spec):
         super().swap_out(cache, host_cache, src_ids, dst_ids, spec)
         src_ids.zero_()
-
-
-INPUT_MUTANTS = {
-    "write_destroys_its_inputs": WriteDestroysItsInputs,
-    "decode_scales_query_in_place": DecodeScalesQueryInPlace,
-    "copy_blocks_sorts_its_mapping": CopyBlocksSortsItsMapping,
-    "swap_out_consumes_its_ids": SwapOutConsumesItsIds,
-}

@@ -1,6 +1,6 @@
 """Seeded faults of latent caches: ``reference_mla`` with one way a record, a reader or a plan can be
-wrong each (issue 35; field bugs in ../shared/spec/MLA_AND_QUANT_FACTS.md). Registered with the K/V
-mutants (``mutants.MUTANTS``): every one must be caught by the families it names (``catches``).
+wrong each (issue 35; field bugs in ../shared/spec/MLA_AND_QUANT_FACTS.md). Every one must be caught by
+the families it names (``catches``).
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import torch
 
 from kvconform import reference as R
 
-from .latent_contract import LATENT_KINDS
-from .reference_mla import (
+from . import mutant
+from ..latent_contract import LATENT_KINDS
+from ..reference_mla import (
     Gfx942ReferenceMLA,
     ReferenceMLA,
     latent_formats,
@@ -48,6 +49,7 @@ def _scratch_write(spec, write) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- shape
+@mutant("latent_ds_mla_semantic_head_size")
 class LatentDsMlaSemanticHeadSize(LatentMutant):
     """Shapes an fp8_ds_mla cache ``(B, N, 576)`` — the semantic head size ``kv_lora_rank + rope_dim`` —
     instead of its 656-byte record width (vllm#47716); its writer strides records by 576 bytes."""
@@ -78,6 +80,7 @@ class LatentDsMlaSemanticHeadSize(LatentMutant):
         flat[at[keep].to(flat.device)] = records[keep].to(flat.device)
 
 
+@mutant("latent_binding_rejects_declared_block_size")
 class LatentBindingRejectsDeclaredBlockSize(LatentMutant):
     """Declares block sizes 16 and 64, but its writer binding accepts only 64 (FlashMLA's block size):
     a configuration accepted at declaration that the cache binding rejects at run time (vllm#55431)."""
@@ -93,6 +96,7 @@ class LatentBindingRejectsDeclaredBlockSize(LatentMutant):
 
 
 # ----------------------------------------------------------------------------- write
+@mutant("latent_rope_stored_quantised")
 class LatentRopeStoredQuantised(LatentMutant):
     """fp8_ds_mla writer that quantises the RoPE part too: e4m3 codes of ``k_pe / scale₀`` in the
     first 64 RoPE bytes, zeros after, instead of the raw 16-bit values."""
@@ -114,6 +118,7 @@ class LatentRopeStoredQuantised(LatentMutant):
         region[fields["rope"].to(region.device)] = torch.cat([codes, torch.zeros_like(codes)], dim=1).to(region.device)
 
 
+@mutant("latent_tile_scale_not_pow2")
 class LatentTileScaleNotPow2(LatentMutant):
     """fp8_ds_mla and UE8M0 indexer scales kept as the raw float ``amax / 448`` instead of rounded up to
     a power of two (an older kernel's policy, run as 0.33.0)."""
@@ -137,6 +142,7 @@ class LatentTileScaleNotPow2(LatentMutant):
                                                                                      policy=policy, layer=spec.layer))
 
 
+@mutant("latent_divisor_448_on_rocm")
 class LatentDivisor448OnRocm(Gfx942ReferenceMLA, LatentMutant):
     """An MI300 (gfx942) build that divides the ds_mla tile and indexer amax by 448 — the e4m3fn max — though
     its codes are e4m3fnuz (max 240): vLLM's ``kFp8ScaleDivisor`` is 224 there."""
@@ -158,6 +164,7 @@ class LatentDivisor448OnRocm(Gfx942ReferenceMLA, LatentMutant):
                                                                                      policy=policy, layer=spec.layer))
 
 
+@mutant("latent_indexer_per_token")
 class LatentIndexerPerToken(LatentMutant):
     """Lays the indexer cache out per token — 128 value bytes then the token's scale bytes, a
     132-byte record per row — instead of per block (all values of the block, then all scales)."""
@@ -185,6 +192,7 @@ def _wrapped(blocks: torch.Tensor, spec) -> torch.Tensor:
     return ((blocks.long() * size) & 0x7FFFFFFF) // size
 
 
+@mutant("latent_int32_block_offset")
 class LatentInt32BlockOffset(LatentMutant):
     """The MLA writers and gathers compute a block's byte offset in 32-bit arithmetic (vllm#52109,
     vllm#56037): past 2^31 bytes they write and read blocks near the start of the cache."""
@@ -212,6 +220,7 @@ class LatentInt32BlockOffset(LatentMutant):
         return super().indexer_gather(cache, _wrapped(block_table.cpu(), spec), seq_lens, spec)
 
 
+@mutant("latent_padding_slot_written")
 class LatentPaddingSlotWritten(LatentMutant):
     """Python-style negative indexing in the latent writers: slot -1 writes the cache's last slot."""
 
@@ -240,6 +249,7 @@ class LatentPaddingSlotWritten(LatentMutant):
             super().indexer_write(cache, k, only, spec)
 
 
+@mutant("latent_kv_c_k_pe_swapped")
 class LatentKvcKpeSwapped(LatentMutant):
     """Plain MLA writer that stores ``k_pe`` first and ``kv_c`` after it in each entry."""
 
@@ -256,6 +266,7 @@ class LatentKvcKpeSwapped(LatentMutant):
         super().latent_write(cache, entry[:, :R_], entry[:, R_:], slot_mapping, spec, scale=scale)
 
 
+@mutant("latent_strided_rows_read_as_contiguous")
 class LatentStridedRowsReadAsContiguous(LatentMutant):
     """The writer ignores its inputs' row stride: ``kv_c`` and ``k_pe`` are read as if contiguous from
     their first element (right only when they are not slices of one projection output)."""
@@ -275,6 +286,7 @@ class LatentStridedRowsReadAsContiguous(LatentMutant):
         super().indexer_write(cache, self._dense(k), slot_mapping, spec)
 
 
+@mutant("latent_grouped_first_layer_slots")
 class LatentGroupedFirstLayerSlots(LatentMutant):
     """Grouped multi-layer writer that indexes the ``[L, T]`` slot mappings with layer 0's row for every
     layer (a missing ``layer · stride(0)``)."""
@@ -288,6 +300,7 @@ class LatentGroupedFirstLayerSlots(LatentMutant):
 
 
 # ----------------------------------------------------------------------------- read
+@mutant("latent_gather_off_by_one_block")
 class LatentGatherOffByOneBlock(LatentMutant):
     """The gathers read block ``block_table[s, j] + 1`` (an off-by-one in the block index)."""
 
@@ -301,6 +314,7 @@ class LatentGatherOffByOneBlock(LatentMutant):
         return super().indexer_gather(cache, (block_table + 1) % spec.geometry.num_blocks, seq_lens, spec)
 
 
+@mutant("latent_decode_rope_as_v")
 class LatentDecodeRopeAsV(LatentMutant):
     """MLA decode that takes V from the last ``kv_lora_rank`` latent values (the RoPE part included)
     instead of the first."""
@@ -323,6 +337,7 @@ class LatentDecodeRopeAsV(LatentMutant):
 
 
 # ----------------------------------------------------------------------------- copy and swap
+@mutant("latent_copy_values_without_indexer_scales")
 class LatentCopyValuesWithoutIndexerScales(LatentMutant):
     """Block copy of an indexer cache that moves each block's value region (``N · D`` bytes) but not
     the scales region after it (sglang#30057's kind: indexer pages without their scales)."""
@@ -342,6 +357,7 @@ class LatentCopyValuesWithoutIndexerScales(LatentMutant):
                 region[d : d + values] = region[s : s + values].clone()
 
 
+@mutant("latent_swap_first_layer_only")
 class LatentSwapFirstLayerOnly(LatentMutant):
     """Swaps one block per id — layer 0's — on a multi-layer latent allocation, as if every layer had
     its own tensor."""
@@ -359,6 +375,7 @@ class LatentSwapFirstLayerOnly(LatentMutant):
 
 
 # ----------------------------------------------------------------------------- connector
+@mutant("latent_plan_pulls_from_two_ranks")
 class LatentPlanPullsFromTwoRanks(LatentMutant):
     """TP plan that, with more producer than consumer ranks, pulls each block from every producer rank
     whose heads the consumer would cover — as for a K/V cache — though the latent is replicated."""
@@ -375,6 +392,7 @@ class LatentPlanPullsFromTwoRanks(LatentMutant):
         return [(int(b), r) for b in blocks for r in ranks]
 
 
+@mutant("latent_regions_sliced_by_head")
 class LatentRegionsSlicedByHead(LatentMutant):
     """``latent_regions`` with a head slice returns the slice's share of each record (as for K/V heads)
     instead of refusing it: the latent is one replicated vector, not heads."""
@@ -391,6 +409,7 @@ class LatentRegionsSlicedByHead(LatentMutant):
         return [(start + heads.start * share, len(heads) * share) for start, _ in whole]
 
 
+@mutant("latent_regions_without_indexer_scales")
 class LatentRegionsWithoutIndexerScales(LatentMutant):
     """Connector regions of an indexer cache that cover each block's values region (``N · D`` bytes) but
     not its scales: the indexer keys arrive without the scales that decode them (sglang#30057's kind)."""
@@ -406,6 +425,7 @@ class LatentRegionsWithoutIndexerScales(LatentMutant):
         return [(start, spec.geometry.block_size * spec.fmt.kv_lora_rank) for start, _ in whole]
 
 
+@mutant("latent_descriptor_ignores_rope_dtype")
 class LatentDescriptorIgnoresRopeDtype(LatentMutant):
     """Handshake descriptor without the RoPE dtype: a peer whose raw RoPE values are fp16 looks like
     one whose are bf16."""
@@ -416,26 +436,3 @@ class LatentDescriptorIgnoresRopeDtype(LatentMutant):
 
     def latent_descriptor(self, spec):
         return {k: v for k, v in super().latent_descriptor(spec).items() if k != "rope_dtype"}
-
-
-LATENT_MUTANTS = {
-    "latent_ds_mla_semantic_head_size": LatentDsMlaSemanticHeadSize,
-    "latent_binding_rejects_declared_block_size": LatentBindingRejectsDeclaredBlockSize,
-    "latent_rope_stored_quantised": LatentRopeStoredQuantised,
-    "latent_tile_scale_not_pow2": LatentTileScaleNotPow2,
-    "latent_divisor_448_on_rocm": LatentDivisor448OnRocm,
-    "latent_indexer_per_token": LatentIndexerPerToken,
-    "latent_int32_block_offset": LatentInt32BlockOffset,
-    "latent_padding_slot_written": LatentPaddingSlotWritten,
-    "latent_kv_c_k_pe_swapped": LatentKvcKpeSwapped,
-    "latent_strided_rows_read_as_contiguous": LatentStridedRowsReadAsContiguous,
-    "latent_grouped_first_layer_slots": LatentGroupedFirstLayerSlots,
-    "latent_gather_off_by_one_block": LatentGatherOffByOneBlock,
-    "latent_decode_rope_as_v": LatentDecodeRopeAsV,
-    "latent_copy_values_without_indexer_scales": LatentCopyValuesWithoutIndexerScales,
-    "latent_swap_first_layer_only": LatentSwapFirstLayerOnly,
-    "latent_plan_pulls_from_two_ranks": LatentPlanPullsFromTwoRanks,
-    "latent_regions_sliced_by_head": LatentRegionsSlicedByHead,
-    "latent_regions_without_indexer_scales": LatentRegionsWithoutIndexerScales,
-    "latent_descriptor_ignores_rope_dtype": LatentDescriptorIgnoresRopeDtype,
-}
