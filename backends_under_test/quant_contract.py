@@ -1,4 +1,5 @@
-"""What a backend with per-token-head quantised caches declares and does (SPEC §16 PTH-*).
+"""What a backend with quantised caches that carry their scales in the page declares and does
+(SPEC §16 PTH-*: per-token-head modes; §16.1 NVFP4-*: nvfp4).
 
 ``Capabilities.quant`` holds a :class:`QuantCapabilities`; the backend implements the ``quant_*``
 methods of :class:`QuantOps` for the ops it lists. A backend with only these caches declares
@@ -38,6 +39,10 @@ class QuantSpec:
     geometry: QL.QuantGeometry
     layer: int = 0  # the layer per-layer ops (allocate, write, decode) act on
     model_dtype: torch.dtype = torch.bfloat16
+    # The checkpoint's per-tensor K and V scales (layer._k_scale): nvfp4's second level (global
+    # scale 1 / k_scale, SPEC NVFP4-SCALE); the per-token-head modes do not read them.
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
 
 class QuantOps:

@@ -4,6 +4,10 @@ logical ``(B, H, N, C)`` cache in HND or NHD strides, float32 scale views carved
 by its strides (``_ensure_scale_caches``), K/V data views by ``transpose(1, 2).split``
 (``_pth_key_value_caches``). The checks hold it against reference/quant_codecs.py.
 
+``nvfp4`` caches are modelled on FlashInfer's views (``_nvfp4_kv_views``, ``nvfp4_split_data_scale``:
+each side's data and scale regions viewed from the page, whatever the logical strides say) and on
+``reshape_and_cache_nvfp4_kernel``'s stores (K scales linear, V scales at the kernel's own swizzle).
+
 Each step is a method so that a mutant (mutants/quant.py) replaces exactly one.
 """
 
@@ -36,7 +40,8 @@ class ReferenceQuant(Backend, QuantOps):
     def quant_allocate(self, buffer: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
         g = spec.geometry
         cache = torch.as_strided(buffer, (g.num_layers, *g.shape()), (g.layer_bytes(), *self.strides(g)), buffer.storage_offset())
-        self.initialise_scales(cache, spec)
+        if g.mode != QL.NVFP4:  # FlashInfer's nvfp4 views are built without writing
+            self.initialise_scales(cache, spec)
         return cache
 
     def initialise_scales(self, cache: torch.Tensor, spec: QuantSpec) -> None:
@@ -59,7 +64,7 @@ class ReferenceQuant(Backend, QuantOps):
         key, value = kv_cache.transpose(1, 2).split(padded, dim=-1)
         return key[..., : padded - QL.SCALE_BYTES], value[..., : padded - QL.SCALE_BYTES]
 
-    # ------------------------------------------------------------------ ops
+    # ------------------------------------------------------------------ per-token-head
     def encode(self, key: torch.Tensor, value: torch.Tensor, g: QL.QuantGeometry):
         """(K codes, K scales), (V codes, V scales) of rows ``[T, H, D]``."""
         return QC.encode(key, g.mode, self.platform, self.arch()), QC.encode(value, g.mode, self.platform, self.arch())
@@ -67,7 +72,66 @@ class ReferenceQuant(Backend, QuantOps):
     def valid_rows(self, slot_mapping: torch.Tensor) -> torch.Tensor:
         return torch.nonzero(slot_mapping >= 0).flatten()
 
+    # ------------------------------------------------------------------ nvfp4
+    def nvfp4_views(self, kv_cache: torch.Tensor, g: QL.QuantGeometry) -> dict[str, torch.Tensor]:
+        """Each side's data ``[B, N, H, D/2]`` and scale bytes ``[B, N, H, D/16]`` (the scale plane
+        of a head as stored: V's swizzled), from the page: ``[K data | K scales | V data | V scales]``."""
+        B, N, H = g.num_blocks, g.block_size, g.num_kv_heads
+        page = kv_cache.stride(0)
+        views = {}
+        for side in ("k", "v"):
+            start = kv_cache.storage_offset() + (g.side_bytes if side == "v" else 0)
+            for field, width, at in (("data", g.data_bytes, 0), ("scale", g.scale_count, H * N * g.data_bytes)):
+                inner = (width, H * width) if g.order == "NHD" else (N * width, width)  # (head, slot) strides
+                view = torch.as_strided(kv_cache, (B, H, N, width), (page, *inner, 1), start + at)
+                views[f"{side}_{field}"] = view.transpose(1, 2)
+        return views
+
+    def scale_slots(self, slots: torch.Tensor, g: QL.QuantGeometry, side: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(row, column) of each slot's scales ``[T, S]`` in its head's scale plane: K linear, V by
+        ``swizzle_scale_offset`` (csrc/nvfp4_kv_cache_kernels.cu:42-48)."""
+        S = g.scale_count
+        s = torch.arange(S, device=slots.device)
+        if side == "k":
+            return slots[:, None].expand(-1, S), s.expand(len(slots), -1)
+        offset = ((slots[:, None] // 4) * 4 + s // (S // 4)) * S + (s % (S // 4)) * 4 + slots[:, None] % 4
+        return offset // S, offset % S
+
+    def nvfp4_encode(self, x: torch.Tensor, k_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(packed e2m1 ``[T, H, D/2]``, e4m3 scale bytes ``[T, H, D/16]``)."""
+        data, scales = QC.nvfp4_encode(x.cpu(), k_scale)
+        return data.to(x.device), scales.to(x.device)
+
+    def nvfp4_write(self, cache, key, value, slot_mapping, spec: QuantSpec) -> None:
+        g = spec.geometry
+        views = self.nvfp4_views(cache[spec.layer], g)
+        rows = self.valid_rows(slot_mapping)
+        slots = slot_mapping[rows].long()
+        blocks, within = slots // g.block_size, slots % g.block_size
+        heads = torch.arange(g.num_kv_heads, device=slots.device)
+        for side, x, checkpoint in (("k", key, spec.k_scale), ("v", value, spec.v_scale)):
+            data, scales = self.nvfp4_encode(x[: len(slot_mapping)][rows], checkpoint)
+            views[f"{side}_data"][blocks, within] = data
+            row, col = self.scale_slots(within, g, side)
+            views[f"{side}_scale"][blocks[:, None, None], row[:, None, :], heads[None, :, None], col[:, None, :]] = scales
+
+    def nvfp4_dequantised(self, kv_cache, blocks, within, spec: QuantSpec):
+        """float32 K, V ``[S, T, H, D]`` at ``(blocks, within)`` ``[S, T]``."""
+        g = spec.geometry
+        views = self.nvfp4_views(kv_cache, g)
+        heads = torch.arange(g.num_kv_heads, device=blocks.device)
+        out = []
+        for side, checkpoint in (("k", spec.k_scale), ("v", spec.v_scale)):
+            row, col = self.scale_slots(within.flatten(), g, side)
+            row, col = row.reshape(*within.shape, 1, -1), col.reshape(*within.shape, 1, -1)
+            scales = views[f"{side}_scale"][blocks[..., None, None], row, heads[:, None], col]
+            out.append(QC.nvfp4_decode(views[f"{side}_data"][blocks, within].cpu(), scales.cpu(), checkpoint).to(kv_cache.device))
+        return out
+
+    # ------------------------------------------------------------------ ops
     def quant_write(self, cache, key, value, slot_mapping, spec: QuantSpec) -> None:
+        if spec.geometry.mode == QL.NVFP4:
+            return self.nvfp4_write(cache, key, value, slot_mapping, spec)
         g, kv_cache = spec.geometry, cache[spec.layer]
         rows = self.valid_rows(slot_mapping)
         slots = slot_mapping[rows].long()
@@ -85,6 +149,9 @@ class ReferenceQuant(Backend, QuantOps):
         valid = positions[None, :] < seq_lens[:, None]
         blocks = torch.where(valid, block_table[:, positions // g.block_size], 0)
         within = (positions % g.block_size)[None, :].expand_as(blocks)
+        if g.mode == QL.NVFP4:
+            k, v = (x.masked_fill(~valid[..., None, None], 0.0) for x in self.nvfp4_dequantised(kv_cache, blocks, within, spec))
+            return k, v, valid
         out = []
         for data, scale in zip(self.data_views(kv_cache), self.scale_views(kv_cache)):
             values = self.decode_values(data[blocks, within], scale[blocks, within], g)
@@ -109,6 +176,8 @@ class ReferenceQuant(Backend, QuantOps):
     def quant_regions(self, cache, spec: QuantSpec, block_ids, heads: range) -> list[tuple[int, int]]:
         """Runs of whole cells, read off the cache's strides: a cell holds its head's scales."""
         g = spec.geometry
+        if g.mode == QL.NVFP4:
+            return self.nvfp4_regions(cache, spec, block_ids, heads)
         s_l, s_b, s_h, s_n, _ = cache.stride()
         runs = []
         for layer in range(g.num_layers):
@@ -118,6 +187,22 @@ class ReferenceQuant(Backend, QuantOps):
                     runs.append((start, len(heads) * s_h))
                 else:  # NHD: one run per slot
                     runs += [(start + n * s_n, len(heads) * s_h) for n in range(g.block_size)]
+        return runs
+
+    def nvfp4_regions(self, cache, spec: QuantSpec, block_ids, heads: range) -> list[tuple[int, int]]:
+        """Per field view (K, V data and scales): one run of the slice's heads per block (HND) or
+        per (block, row) (NHD); a swizzled scale stays in its head's plane, so runs hold it."""
+        g, base = spec.geometry, cache.storage_offset()
+        runs = []
+        for layer in range(g.num_layers):
+            for view in self.nvfp4_views(cache[layer], g).values():
+                _, s_n, s_h, _ = view.stride()
+                for b in block_ids:
+                    start = view.storage_offset() - base + b * view.stride(0) + heads.start * s_h
+                    if s_h > s_n:  # HND: the slice's rows are contiguous within the block
+                        runs.append((start, len(heads) * s_h))
+                    else:
+                        runs += [(start + n * s_n, len(heads) * s_h) for n in range(g.block_size)]
         return runs
 
     def quant_swap(self, src_cache, src_spec, dst_cache, dst_spec, src_ids, dst_ids) -> None:

@@ -60,7 +60,7 @@ class VllmQuant(QuantOps):
     def _quant_capabilities(self) -> QuantCapabilities | None:
         """Declared when vLLM lists a mode SPEC §16 specifies and its customize_spec packs the scales inline."""
         listed = getattr(self.backend_cls, "supported_kv_cache_dtypes", [])
-        modes = tuple(m for m in QL.MODES if m in listed and self._packs_scales(m) and not interpreter_drops(m))
+        modes = tuple(m for m in QL.PTH_MODES if m in listed and self._packs_scales(m) and not interpreter_drops(m))
         members = {m.name for m in self._members()}
         orders = tuple(o for o, member in MEMBERS.items() if member in members)
         heads = tuple(d for d in QUANT_HEAD_SIZES if d in self._head_sizes())
@@ -76,7 +76,7 @@ class VllmQuant(QuantOps):
     def quant_not_declared(self) -> list[str]:
         """Why a mode vLLM lists, or an op, is not declared here (versions())."""
         listed = getattr(self.backend_cls, "supported_kv_cache_dtypes", [])
-        why = [f"{m}: {INTERPRETER_FP8}" for m in QL.MODES if m in listed and interpreter_drops(m)]
+        why = [f"{m}: {INTERPRETER_FP8}" for m in QL.PTH_MODES if m in listed and interpreter_drops(m)]
         why += [f"quant_decode: {INTERPRETED_DECODE}"] if interpreted() else []
         why += ["quant_regions: kvconform's vLLM adapter does not drive vLLM's connector for per-token-head caches"]
         return why + [f"{m}: SPEC §16 does not specify it" for m in listed if m.endswith("_per_token_head") and m not in QL.MODES]

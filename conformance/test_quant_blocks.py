@@ -1,5 +1,5 @@
 """Per-token-head quantised caches, blocks: a copied or swapped block carries its codes and its
-scales, in every layer, and nothing else changes (SPEC §16 PTH-BLOCKS)."""
+scales, in every layer, and nothing else changes (SPEC §16 PTH-BLOCKS, NVFP4-BLOCKS)."""
 
 import dataclasses
 
@@ -28,7 +28,7 @@ def written_cache(case, op, mode, order):
 
 
 @pytest.mark.copy
-@pytest.mark.kvc_clause("PTH-BLOCKS")
+@pytest.mark.kvc_clause("PTH-BLOCKS", "NVFP4-BLOCKS")
 def test_copied_blocks_carry_codes_and_scales_in_every_layer(case, mode, order):
     arena, expected = written_cache(case, "quant_copy", mode, order)
     mapping = torch.tensor([[0, 1], [2, 4]])
@@ -38,7 +38,7 @@ def test_copied_blocks_carry_codes_and_scales_in_every_layer(case, mode, order):
 
 
 @pytest.mark.swap
-@pytest.mark.kvc_clause("PTH-BLOCKS")
+@pytest.mark.kvc_clause("PTH-BLOCKS", "NVFP4-BLOCKS")
 def test_swapped_blocks_carry_codes_and_scales_in_every_layer(case, mode, order):
     device, _ = written_cache(case, "quant_swap", mode, order)
     host, host_expected = Q.allocate(case, device.spec, seed_offset=1)

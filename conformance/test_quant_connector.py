@@ -1,6 +1,7 @@
 """Per-token-head quantised caches, connector side: the byte regions a connector registers for a
 head slice of some blocks hold exactly that slice's codes **and scales** in every layer, so a slice
-moved by its regions lands bit for bit (SPEC §16 PTH-HEAD-SLICE)."""
+moved by its regions lands bit for bit (SPEC §16 PTH-HEAD-SLICE; nvfp4: several runs per side,
+NVFP4-HEAD-SLICE)."""
 
 import dataclasses
 
@@ -24,7 +25,7 @@ def slice_bytes(spec) -> torch.Tensor:
     return torch.cat(fields).sort().values
 
 
-@pytest.mark.kvc_clause("PTH-HEAD-SLICE")
+@pytest.mark.kvc_clause("PTH-HEAD-SLICE", "NVFP4-HEAD-SLICE")
 def test_head_slice_regions_cover_exactly_the_slices_codes_and_scales(case, mode, order):
     spec = Q.quant_spec(case, "quant_regions", mode, order, num_layers=2, num_kv_heads=3)
     arena, _ = Q.allocate(case, spec)
@@ -33,7 +34,7 @@ def test_head_slice_regions_cover_exactly_the_slices_codes_and_scales(case, mode
     Q.assert_byte_sets_equal("quant head-slice regions", case, spec, slice_bytes(spec), covered, f"blocks {BLOCKS}, heads {HEADS}")
 
 
-@pytest.mark.kvc_clause("PTH-HEAD-SLICE")
+@pytest.mark.kvc_clause("PTH-HEAD-SLICE", "NVFP4-HEAD-SLICE")
 def test_a_head_slice_moved_by_its_regions_lands_bit_for_bit(case, mode, order):
     spec = Q.quant_spec(case, "quant_regions", mode, order, num_layers=2, num_kv_heads=3)
     producer, _ = Q.allocate(case, spec)

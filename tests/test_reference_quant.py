@@ -258,7 +258,7 @@ def test_int8_ties_round_away_from_zero_like_vllms_kernel_not_half_even_like_its
 
 
 def test_zero_rows_get_the_scale_floor_and_zero_codes():
-    for mode in QL.MODES:
+    for mode in QL.PTH_MODES:
         codes, scales = QC.encode(torch.zeros(2, 8), mode)
         assert torch.equal(codes, torch.zeros(2, 8, dtype=torch.uint8))
         assert torch.equal(scales, torch.full((2,), 1e-6, dtype=torch.float32))

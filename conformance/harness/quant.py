@@ -38,15 +38,24 @@ def declared(case: Case, op: str, mode: str, order: str):
     return caps
 
 
+CHECKPOINT_SCALES = (0.75, 1.25)  # k_scale, v_scale: not 1, so a writer that drops nvfp4's global scale shows
+
+
 def quant_spec(case: Case, op: str, mode: str, order: str, *, num_blocks: int = 5, num_layers: int = 1, layer: int = 0,
                num_kv_heads: int | None = None, head_size: int | None = None) -> QuantSpec:
-    """A small cache inside the declaration (first declared block size, head size, most heads)."""
+    """A small cache inside the declaration (the first declared block size and head size the mode
+    can take, most heads); not applicable when the mode can take none (QL.unmet)."""
     caps = declared(case, op, mode, order)
+    who = f"backend {case.backend.name}"
     if num_layers not in caps.num_layers:
-        raise NotApplicableHere(NotApplicable(DECLARATION, f"backend {case.backend.name}", f"declares quant num_layers={caps.num_layers}, not {num_layers}"))
-    g = QL.QuantGeometry(num_blocks=num_blocks, block_size=caps.block_sizes[0], num_kv_heads=num_kv_heads or max(caps.num_kv_heads),
-                         head_size=head_size or caps.head_sizes[0], mode=mode, order=order, num_layers=num_layers)
-    return QuantSpec(geometry=g, layer=layer)
+        raise NotApplicableHere(NotApplicable(DECLARATION, who, f"declares quant num_layers={caps.num_layers}, not {num_layers}"))
+    fits = [(n, d) for n in caps.block_sizes for d in ((head_size,) if head_size else caps.head_sizes) if not QL.unmet(mode, n, d)]
+    if not fits:
+        why = QL.unmet(mode, caps.block_sizes[0], head_size or caps.head_sizes[0])
+        raise NotApplicableHere(NotApplicable(DECLARATION, who, f"declares block sizes {caps.block_sizes} and head sizes {caps.head_sizes}: {why}"))
+    g = QL.QuantGeometry(num_blocks=num_blocks, block_size=fits[0][0], num_kv_heads=num_kv_heads or max(caps.num_kv_heads),
+                         head_size=fits[0][1], mode=mode, order=order, num_layers=num_layers)
+    return QuantSpec(geometry=g, layer=layer, k_scale=CHECKPOINT_SCALES[0], v_scale=CHECKPOINT_SCALES[1])
 
 
 @dataclasses.dataclass
@@ -101,7 +110,7 @@ def write_and_compare(case: Case, spec: QuantSpec, key, value, slot_mapping, not
     if arena is None:
         arena, expected = allocate(case, spec)
     pristine = [t.detach().cpu().clone() for t in (key, value, slot_mapping)]
-    QC.write(*pristine[:2], region_of(expected, spec.geometry), spec.geometry, pristine[2], layer=spec.layer)
+    QC.write(*pristine[:2], region_of(expected, spec.geometry), spec.geometry, pristine[2], layer=spec.layer, k_scale=spec.k_scale, v_scale=spec.v_scale)
     dev = case.device
     inputs = (key.to(dev), value.to(dev), slot_mapping.to(dev))
     case.backend.quant_write(arena.cache, *inputs, spec)
@@ -127,7 +136,7 @@ def assert_arena_equal(prop: str, case: Case, expected: torch.Tensor, arena: Qua
     lines = [f"{prop}: {differs.numel()} bytes differ from the reference ({g.short()}){': ' + note if note else ''}"]
     for at in differs[:SHOWN].tolist():
         where = QL.coordinates_of(g, at - GUARD) if GUARD <= at < GUARD + g.nbytes() else {"guard": "before" if at < GUARD else "after"}
-        lines.append(f"  {describe(where)}: expected 0x{int(expected[at]):02x}, actual 0x{int(actual[at]):02x}{scale_values(where, at, expected, actual)}")
+        lines.append(f"  {describe(where)}: expected 0x{int(expected[at]):02x}, actual 0x{int(actual[at]):02x}{scale_values(where, at, expected, actual, g)}")
     lines.append(f"  repro: {case.repro}")
     raise ConformanceFailure("\n".join(lines), {"property": prop, "differing_bytes": differs.numel()})
 
@@ -152,9 +161,12 @@ def describe(where: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in where.items())
 
 
-def scale_values(where: dict, at: int, expected: torch.Tensor, actual: torch.Tensor) -> str:
+def scale_values(where: dict, at: int, expected: torch.Tensor, actual: torch.Tensor, g: QL.QuantGeometry) -> str:
     if not where.get("field", "").endswith("scale"):
         return ""
+    if g.mode == QL.NVFP4:  # one e4m3 byte a scale
+        want, got = (t[at : at + 1].view(torch.float8_e4m3fn).item() for t in (expected, actual))
+        return f" (e4m3 block scale {want!r} expected, {got!r} actual)"
     first = at - where["byte"]
     want, got = (QC.scales_from_bytes(t[first : first + QL.SCALE_BYTES]).item() for t in (expected, actual))
     return f" (scale {want!r} expected, {got!r} actual)"
