@@ -189,13 +189,17 @@ class ReferenceQuant(Backend, QuantOps):
                     runs += [(start + n * s_n, len(heads) * s_h) for n in range(g.block_size)]
         return runs
 
+    def registered_views(self, kv_cache, g: QL.QuantGeometry) -> list[torch.Tensor]:
+        """The nvfp4 views whose bytes a head slice registers: data and scales of both sides."""
+        return list(self.nvfp4_views(kv_cache, g).values())
+
     def nvfp4_regions(self, cache, spec: QuantSpec, block_ids, heads: range) -> list[tuple[int, int]]:
         """Per field view (K, V data and scales): one run of the slice's heads per block (HND) or
         per (block, row) (NHD); a swizzled scale stays in its head's plane, so runs hold it."""
         g, base = spec.geometry, cache.storage_offset()
         runs = []
         for layer in range(g.num_layers):
-            for view in self.nvfp4_views(cache[layer], g).values():
+            for view in self.registered_views(cache[layer], g):
                 _, s_n, s_h, _ = view.stride()
                 for b in block_ids:
                     start = view.storage_offset() - base + b * view.stride(0) + heads.start * s_h

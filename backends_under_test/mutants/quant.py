@@ -1,6 +1,7 @@
-"""Seeded faults of per-token-head quantised caches: ``reference_quant`` with one step wrong each
-(issue 36; the field bugs of ../shared/spec/MLA_AND_QUANT_FACTS.md §4). Each must be caught by the
-families it names (``catches``).
+"""Seeded faults of quantised caches (per-token-head modes, nvfp4): ``reference_quant`` with one
+step wrong each (issue 36; the field bugs of ../shared/spec/MLA_AND_QUANT_FACTS.md §4, and what
+0.33.0's nvfp4 code does differently from it). Each must be caught by the families it names
+(``catches``).
 """
 
 from __future__ import annotations
@@ -175,3 +176,100 @@ class RegionsLeaveScales(QuantMutant):
         cells = super().quant_regions(cache, spec, block_ids, heads)
         starts = [start + i * g.cell_bytes for start, length in cells for i in range(length // g.cell_bytes)]
         return [(s + side * g.padded_head, g.head_size) for s in starts for side in (0, 1)]
+
+
+# ---------------------------------------------------------------- nvfp4 (SPEC §16.1)
+@mutant("quant_nvfp4_nibbles_swapped")
+class Nvfp4NibblesSwapped(QuantMutant):
+    """Packs the even element of each pair in the high nibble (NVFP4-E2M1: ``cvt...e2m1x2 b, odd,
+    even`` puts the even one low)."""
+
+    catches = ("write", "read")
+    kills = ("test_codes_and_scales_land_at_reference_offsets_and_nothing_else_changes",)
+
+    def nvfp4_encode(self, x, k_scale):
+        data, scales = super().nvfp4_encode(x, k_scale)
+        return (data << 4) | (data >> 4), scales
+
+
+@mutant("quant_nvfp4_v_scales_linear")
+class Nvfp4VScalesLinear(QuantMutant):
+    """Stores V's block scales linearly, like K's: the 4 × 4 swizzle the SM100 reader expects is
+    left out (NVFP4-SWIZZLE)."""
+
+    catches = ("write", "read")
+    kills = ("test_codes_and_scales_land_at_reference_offsets_and_nothing_else_changes",)
+
+    def scale_slots(self, slots, g, side):
+        return super().scale_slots(slots, g, "k")
+
+
+@mutant("quant_nvfp4_k_scales_swizzled")
+class Nvfp4KScalesSwizzled(QuantMutant):
+    """Swizzles K's block scales too, as ../shared/spec/MLA_AND_QUANT_FACTS.md §5 says; 0.33.0's
+    kernel stores them linearly (csrc/nvfp4_kv_cache_kernels.cu:283-290)."""
+
+    catches = ("write",)
+    kills = ("test_codes_and_scales_land_at_reference_offsets_and_nothing_else_changes",)
+
+    def scale_slots(self, slots, g, side):
+        return super().scale_slots(slots, g, "v")
+
+
+@mutant("quant_nvfp4_global_scale_ignored")
+class Nvfp4GlobalScaleIgnored(QuantMutant):
+    """Computes the block scales without the second level (global scale 1, not 1 / k_scale)."""
+
+    catches = ("write",)
+    kills = ("test_codes_and_scales_land_at_reference_offsets_and_nothing_else_changes", "test_edge_rows_encode_exactly")
+
+    def nvfp4_encode(self, x, k_scale):
+        return super().nvfp4_encode(x, 1.0)
+
+
+@mutant("quant_nvfp4_block_scale_rounded_up")
+class Nvfp4BlockScaleRoundedUp(QuantMutant):
+    """Rounds each e4m3 block scale up to the next e4m3 value (what nvfp4_ds_mla does), not to
+    the nearest: values then use less of e2m1's range (NVFP4-SCALE)."""
+
+    catches = ("write",)
+    kills = ("test_edge_rows_encode_exactly",)
+
+    def nvfp4_encode(self, x, k_scale):
+        xf = x.float().cpu().unflatten(-1, (-1, QL.NVFP4_GROUP))
+        g = QC.ONE / torch.tensor(k_scale, dtype=torch.float32)
+        sf = g * (xf.abs().amax(dim=-1) * (QC.ONE / 6.0))
+        codes = sf.clamp(max=QC.E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+        codes = torch.where((codes.view(torch.float8_e4m3fn).float() < sf) & (codes < 0x7E), codes + 1, codes)  # the next e4m3 up
+        values = codes.view(torch.float8_e4m3fn).float()
+        out = torch.where(values != 0, QC.ONE / (values * (QC.ONE / g)), 0.0)
+        data = QC.pack_nibbles(QC.e2m1_codes(xf * out[..., None]).flatten(-2))
+        return data.to(x.device), codes.to(x.device)
+
+
+@mutant("quant_nvfp4_v_side_from_head_slot")
+class Nvfp4VSideFromHeadSlot(QuantMutant):
+    """Starts V's side at ``kv_cache[:, H]`` of the logical ``(B, 2H, N, C)`` tensor, as the SM100
+    kernel's caller does (flashinfer.py:2835-2840): right in HND, ``H·C`` bytes into K's side in NHD."""
+
+    catches = ("write",)
+    kills = ("test_codes_and_scales_land_at_reference_offsets_and_nothing_else_changes",)
+
+    def nvfp4_views(self, kv_cache, g):
+        views = super().nvfp4_views(kv_cache, g)
+        shift = kv_cache.stride(1) * g.num_kv_heads - g.side_bytes  # 0 in HND
+        for name in ("v_data", "v_scale"):
+            v = views[name]
+            views[name] = torch.as_strided(v, v.shape, v.stride(), v.storage_offset() + shift)
+        return views
+
+
+@mutant("quant_nvfp4_regions_leave_scales")
+class Nvfp4RegionsLeaveScales(QuantMutant):
+    """Registers a head slice's K and V data runs of an nvfp4 page but not its scale runs."""
+
+    catches = ("connector",)
+    kills = ("test_head_slice_regions_cover_exactly_the_slices_codes_and_scales", "test_a_head_slice_moved_by_its_regions_lands_bit_for_bit")
+
+    def registered_views(self, kv_cache, g):
+        return [view for name, view in self.nvfp4_views(kv_cache, g).items() if name.endswith("_data")]
