@@ -14,7 +14,7 @@ import torch
 
 from kvconform.reference import quant_layouts as QL
 
-QUANT_OPS = frozenset({"quant_write", "quant_decode", "quant_copy", "quant_swap", "quant_regions"})
+QUANT_OPS = frozenset({"quant_write", "quant_decode", "quant_copy", "quant_swap", "quant_regions", "quant_reblock"})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -70,6 +70,13 @@ class QuantOps:
     def quant_swap(self, src_cache: torch.Tensor, src_spec: QuantSpec, dst_cache: torch.Tensor, dst_spec: QuantSpec,
                    src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
         """``dst[dst_ids[i]] = src[src_ids[i]]``, whole blocks, every layer."""
+        raise NotImplementedError
+
+    def quant_reblock(self, src_cache: torch.Tensor, src_spec: QuantSpec, dst_cache: torch.Tensor, dst_spec: QuantSpec,
+                      src_table: list[int], dst_table: list[int], num_tokens: int) -> None:
+        """A sequence's first ``num_tokens`` tokens, every layer, codes and scales, from blocks of
+        one size to blocks of another: token ``t`` of ``src_table[t // N_src]`` slot ``t % N_src``
+        lands in ``dst_table[t // N_dst]`` slot ``t % N_dst`` (a connector's re-blocking)."""
         raise NotImplementedError
 
     def quant_regions(self, cache: torch.Tensor, spec: QuantSpec, block_ids: list[int], heads: range) -> list[tuple[int, int]]:

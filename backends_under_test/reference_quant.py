@@ -27,7 +27,7 @@ class ReferenceQuant(Backend, QuantOps):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(layouts=(), ops=frozenset(), quant=QuantCapabilities(modes=QL.MODES))
+        return Capabilities(layouts=(), ops=frozenset(), quant=QuantCapabilities(modes=QL.MODES, block_sizes=(16, 32)))
 
     def allocate(self, buffer, spec):
         raise NotImplementedError("reference_quant keeps per-token-head caches only (quant_allocate)")
@@ -208,6 +208,33 @@ class ReferenceQuant(Backend, QuantOps):
                     else:
                         runs += [(start + n * s_n, len(heads) * s_h) for n in range(g.block_size)]
         return runs
+
+    def token_fields(self, kv_cache, g: QL.QuantGeometry, blocks: torch.Tensor, within: torch.Tensor) -> list[tuple[torch.Tensor, tuple]]:
+        """(view, index) per field such that ``view[index]`` is the field of tokens at
+        ``(blocks, within)``, ``[T, H, ...]``, in logical order (nvfp4 scales unswizzled)."""
+        if g.mode != QL.NVFP4:
+            return [(view, (blocks, within)) for view in (*self.data_views(kv_cache), *self.scale_views(kv_cache))]
+        views = self.nvfp4_views(kv_cache, g)
+        heads = torch.arange(g.num_kv_heads, device=blocks.device)[None, :, None]
+        out = [(views["k_data"], (blocks, within)), (views["v_data"], (blocks, within))]
+        for side in ("k", "v"):
+            row, col = self.reblock_scale_slots(within, g, side)
+            out.append((views[f"{side}_scale"], (blocks[:, None, None], row[:, None, :], heads, col[:, None, :])))
+        return out
+
+    def reblock_scale_slots(self, slots, g: QL.QuantGeometry, side: str):
+        return self.scale_slots(slots, g, side)
+
+    def quant_reblock(self, src_cache, src_spec, dst_cache, dst_spec, src_table, dst_table, num_tokens: int) -> None:
+        ends = []
+        for cache, spec, table in ((src_cache, src_spec, src_table), (dst_cache, dst_spec, dst_table)):
+            t, N = torch.arange(num_tokens, device=cache.device), spec.geometry.block_size
+            ends.append((cache, spec.geometry, torch.as_tensor(table, device=cache.device)[t // N], t % N))
+        (src, src_g, src_blocks, src_within), (dst, dst_g, dst_blocks, dst_within) = ends
+        for layer in range(src_g.num_layers):
+            for (s_view, s_index), (d_view, d_index) in zip(self.token_fields(src[layer], src_g, src_blocks, src_within),
+                                                            self.token_fields(dst[layer], dst_g, dst_blocks, dst_within)):
+                d_view[d_index] = s_view[s_index].to(d_view.device)
 
     def quant_swap(self, src_cache, src_spec, dst_cache, dst_spec, src_ids, dst_ids) -> None:
         dst_cache[:, dst_ids.to(dst_cache.device)] = src_cache[:, src_ids.to(src_cache.device)].to(dst_cache.device)

@@ -234,6 +234,20 @@ def copy_blocks(region: torch.Tensor, g: QuantGeometry, block_mapping) -> None:
         region[_pages(g, [dst])] = region[_pages(g, [src])]
 
 
+def reblock(src_region: torch.Tensor, src_g: QuantGeometry, dst_region: torch.Tensor, dst_g: QuantGeometry, src_table, dst_table,
+            num_tokens: int) -> None:
+    """Token ``t < num_tokens`` of ``src_table[t // N_src]`` slot ``t % N_src`` into
+    ``dst_table[t // N_dst]`` slot ``t % N_dst``, every field (codes and scales) and layer, byte by
+    byte of :func:`field_offsets` — so nvfp4's V scales land swizzled for their new slot."""
+    t = torch.arange(num_tokens)
+    heads = torch.arange(src_g.num_kv_heads)
+    for layer in range(src_g.num_layers):
+        src, dst = (field_offsets(g, torch.as_tensor(table)[t // g.block_size][:, None], (t % g.block_size)[:, None], heads, layer)
+                    for g, table in ((src_g, src_table), (dst_g, dst_table)))
+        for name in src:
+            dst_region[dst[name].flatten()] = src_region[src[name].flatten()].to(dst_region.device)
+
+
 def swap_blocks(src_region: torch.Tensor, src_g: QuantGeometry, dst_region: torch.Tensor, dst_g: QuantGeometry, src_ids, dst_ids) -> None:
     """``dst[dst_ids[i]] = src[src_ids[i]]``: whole pages, codes and scales, every layer."""
     if (src_g.page_bytes, src_g.num_layers) != (dst_g.page_bytes, dst_g.num_layers):

@@ -101,6 +101,30 @@ def test_a_head_slice_is_four_runs_per_block_in_hnd_and_per_slot_in_nhd(order):
     assert torch.equal(got, want.sort().values)
 
 
+def stored_row_copy(src, src_g, dst, dst_g, src_table, dst_table, tokens):
+    """Re-blocking that moves V's scales as stored bytes: slot t's row of the swizzled plane (the
+    positions K's linear scales take, one side on)."""
+    t = torch.arange(tokens)
+    ends = [QL.field_offsets(g, torch.tensor(table)[t // g.block_size][:, None], (t % g.block_size)[:, None], torch.arange(g.num_kv_heads))
+            for g, table in ((src_g, src_table), (dst_g, dst_table))]
+    for name in ("k_data", "k_scale", "v_data"):
+        dst[ends[1][name].flatten()] = src[ends[0][name].flatten()]
+    dst[(ends[1]["k_scale"] + dst_g.side_bytes).flatten()] = src[(ends[0]["k_scale"] + src_g.side_bytes).flatten()]
+
+
+@pytest.mark.parametrize("order", QL.ORDERS)
+def test_whole_swizzle_tiles_survive_re_blocking_as_bytes_but_a_partial_tile_does_not(order):
+    """The swizzle depends on the slot through t/4 and t mod 4 only, not on the block size
+    (SPEC NVFP4-REBLOCK): 16 tokens re-blocked 8 → 16 by stored rows are right, 13 are not."""
+    src_g, dst_g = geometry(order, block_size=8), geometry(order, block_size=16, num_blocks=2)
+    src = torch.randint(0, 256, (src_g.nbytes(),), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    for tokens, same in ((16, True), (13, False)):
+        want, got = torch.zeros(dst_g.nbytes(), dtype=torch.uint8), torch.zeros(dst_g.nbytes(), dtype=torch.uint8)
+        QC.reblock(src, src_g, want, dst_g, [2, 0], [1], tokens)
+        stored_row_copy(src, src_g, got, dst_g, [2, 0], [1], tokens)
+        assert torch.equal(want, got) is same, tokens
+
+
 def test_geometries_the_swizzle_cannot_tile_are_refused():
     for block_size, head_size in ((6, 64), (8, 32), (8, 80)):
         with pytest.raises(ValueError, match="nvfp4 needs"):

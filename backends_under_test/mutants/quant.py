@@ -273,3 +273,16 @@ class Nvfp4RegionsLeaveScales(QuantMutant):
 
     def registered_views(self, kv_cache, g):
         return [view for name, view in self.nvfp4_views(kv_cache, g).items() if name.endswith("_data")]
+
+
+@mutant("quant_nvfp4_reblock_copies_stored_scale_rows")
+class Nvfp4ReblockCopiesStoredScaleRows(QuantMutant):
+    """Re-blocks V's scales by copying each token's *stored* scale row (slot t's row of the swizzled
+    plane), as if the page kept its old swizzle: whole 4-slot tiles come out right, the last partial
+    tile takes other slots' scales and misses its own (NVFP4-REBLOCK)."""
+
+    catches = ("connector",)
+    kills = ("test_reblocked_tokens_land_with_their_codes_and_scales",)
+
+    def reblock_scale_slots(self, slots, g, side):
+        return self.scale_slots(slots, g, "k")

@@ -42,14 +42,16 @@ CHECKPOINT_SCALES = (0.75, 1.25)  # k_scale, v_scale: not 1, so a writer that dr
 
 
 def quant_spec(case: Case, op: str, mode: str, order: str, *, num_blocks: int = 5, num_layers: int = 1, layer: int = 0,
-               num_kv_heads: int | None = None, head_size: int | None = None) -> QuantSpec:
+               num_kv_heads: int | None = None, head_size: int | None = None, block_size: int | None = None) -> QuantSpec:
     """A small cache inside the declaration (the first declared block size and head size the mode
     can take, most heads); not applicable when the mode can take none (QL.unmet)."""
     caps = declared(case, op, mode, order)
     who = f"backend {case.backend.name}"
     if num_layers not in caps.num_layers:
         raise NotApplicableHere(NotApplicable(DECLARATION, who, f"declares quant num_layers={caps.num_layers}, not {num_layers}"))
-    fits = [(n, d) for n in caps.block_sizes for d in ((head_size,) if head_size else caps.head_sizes) if not QL.unmet(mode, n, d)]
+    if block_size is not None and block_size not in caps.block_sizes:
+        raise NotApplicableHere(NotApplicable(DECLARATION, who, f"declares quant block sizes {caps.block_sizes}, not {block_size}"))
+    fits = [(n, d) for n in ((block_size,) if block_size else caps.block_sizes) for d in ((head_size,) if head_size else caps.head_sizes) if not QL.unmet(mode, n, d)]
     if not fits:
         why = QL.unmet(mode, caps.block_sizes[0], head_size or caps.head_sizes[0])
         raise NotApplicableHere(NotApplicable(DECLARATION, who, f"declares block sizes {caps.block_sizes} and head sizes {caps.head_sizes}: {why}"))
