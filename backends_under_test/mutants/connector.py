@@ -9,11 +9,11 @@ import weakref
 
 import torch
 
-from kvconform.reference import compat
 from kvconform import reference as R
+from kvconform.reference import compat
 
 from . import mutant
-from .base import Mutant, Gfx942Mutant
+from .base import Gfx942Mutant, Mutant
 
 
 def _proper_slice(heads, spec) -> bool:

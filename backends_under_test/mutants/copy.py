@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from kvconform import reference as R
 
-from . import mutant
-from .base import Mutant, strided_sides, e3_layouts
 from ..reference_backend import flat_storage
+from . import mutant
+from .base import Mutant, e3_layouts, strided_sides
 
 
 @mutant("copy_blocks_one_plane")

@@ -10,9 +10,9 @@ import torch
 
 from kvconform import reference as R
 
-from . import mutant
-from .base import Mutant, place_rows, Gfx942Mutant
 from ..reference_backend import flat_storage
+from . import mutant
+from .base import Gfx942Mutant, Mutant, place_rows
 
 
 @mutant("fp8_scale_multiplied")

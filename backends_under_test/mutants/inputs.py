@@ -6,8 +6,8 @@ scaled ``query`` in place also bent the expected value computed from it."""
 
 from __future__ import annotations
 
-from . import mutant
 from ..reference_backend import ReferenceBackend
+from . import mutant
 
 
 class InputMutant(ReferenceBackend):

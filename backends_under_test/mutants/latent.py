@@ -11,7 +11,6 @@ import torch
 
 from kvconform import reference as R
 
-from . import mutant
 from ..latent_contract import LATENT_KINDS
 from ..reference_mla import (
     Gfx942ReferenceMLA,
@@ -20,6 +19,7 @@ from ..reference_mla import (
     on_cpu,
     region_of,
 )
+from . import mutant
 
 
 class LatentMutant(ReferenceMLA):

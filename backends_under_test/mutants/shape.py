@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from kvconform import reference as R
 
+from ..reference_backend import view_over
 from . import mutant
 from .base import Mutant, write_rows
-from ..reference_backend import view_over
 
 
 @mutant("kv_first_reported_as_blocks_first")

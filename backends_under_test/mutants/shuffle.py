@@ -7,9 +7,9 @@ import dataclasses
 
 from kvconform import reference as R
 
+from ..reference_backend import flat_storage
 from . import mutant
 from .base import Mutant, encoded_rows, place_rows
-from ..reference_backend import flat_storage
 
 
 @mutant("shuffle_v_in_k_form")

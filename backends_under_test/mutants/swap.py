@@ -7,9 +7,9 @@ import torch
 
 from kvconform import reference as R
 
+from ..reference_backend import flat_storage
 from . import mutant
 from .base import Mutant
-from ..reference_backend import flat_storage
 
 
 @mutant("swap_indexes_dim1")

@@ -10,9 +10,9 @@ import torch
 
 from kvconform import reference as R
 
-from . import mutant
-from .base import Mutant, encoded_rows, write_rows, place_rows, strided_sides, e3_layouts
 from ..reference_backend import flat_storage
+from . import mutant
+from .base import Mutant, e3_layouts, encoded_rows, place_rows, strided_sides, write_rows
 
 
 @mutant("write_padding_slots")
