@@ -53,7 +53,7 @@ def quant_spec(case: Case, op: str, mode: str, order: str, *, num_blocks: int = 
         raise NotApplicableHere(NotApplicable(DECLARATION, who, f"declares quant block sizes {caps.block_sizes}, not {block_size}"))
     fits = [(n, d) for n in ((block_size,) if block_size else caps.block_sizes) for d in ((head_size,) if head_size else caps.head_sizes) if not QL.unmet(mode, n, d)]
     if not fits:
-        why = QL.unmet(mode, caps.block_sizes[0], head_size or caps.head_sizes[0])
+        why = QL.unmet(mode, caps.block_sizes[0], head_size or caps.head_sizes[0]) or f"head size {head_size} is not declared"
         raise NotApplicableHere(NotApplicable(DECLARATION, who, f"declares block sizes {caps.block_sizes} and head sizes {caps.head_sizes}: {why}"))
     g = QL.QuantGeometry(num_blocks=num_blocks, block_size=fits[0][0], num_kv_heads=num_kv_heads or max(caps.num_kv_heads),
                          head_size=fits[0][1], mode=mode, order=order, num_layers=num_layers)
