@@ -17,7 +17,8 @@ from . import vllm_sdist
 FLASHINFER = "vllm/v1/attention/backends/flashinfer.py"
 TORCH_UTILS = "vllm/utils/torch_utils.py"
 TEST_UTILS = "tests/kernels/quantization/nvfp4_utils.py"
-STAND_INS = "import torch\n_KVPair = tuple\n"
+TEST_QUANT = "tests/kernels/quantization/test_nvfp4_quant.py"
+STAND_INS = "import torch\n_KVPair = tuple\nFLOAT4_E2M1_MAX = 6.0  # scalar_types.float4_e2m1f.max()\n"
 
 
 def geometry(order, **kw):
@@ -133,11 +134,12 @@ def test_geometries_the_swizzle_cannot_tile_are_refused():
 
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory):
-    """vLLM's nvfp4 page views and its test dequantiser, loaded without vLLM."""
-    src = vllm_sdist.read_sources(vllm_sdist.sdist(tmp_path_factory), (FLASHINFER, TORCH_UTILS, TEST_UTILS))
+    """vLLM's nvfp4 page views, its test dequantiser and its quantiser's torch reference, loaded without vLLM."""
+    src = vllm_sdist.read_sources(vllm_sdist.sdist(tmp_path_factory), (FLASHINFER, TORCH_UTILS, TEST_UTILS, TEST_QUANT))
     text = "\n\n".join((STAND_INS, vllm_sdist.definitions(src[TORCH_UTILS], "nvfp4_kv_cache_full_dim", "nvfp4_split_data_scale"),
                         vllm_sdist.definitions(src[FLASHINFER], "_nvfp4_kv_views"),
-                        vllm_sdist.definitions(src[TEST_UTILS], "kE2M1ToFloat", "break_fp4_bytes", "dequant_nvfp4_kv_cache")))
+                        vllm_sdist.definitions(src[TEST_UTILS], "kE2M1ToFloat", "break_fp4_bytes", "dequant_nvfp4_kv_cache"),
+                        vllm_sdist.definitions(src[TEST_QUANT], "BLOCK_SIZE", "cast_to_fp4", "get_reciprocal", "ref_nvfp4_quant")))
     return vllm_sdist.load_module(tmp_path_factory.mktemp("vllm_nvfp4"), "vllm_nvfp4_extract", text)
 
 
@@ -180,3 +182,16 @@ def test_vllm_test_dequantiser_reads_what_the_reference_wrote(vllm, order):
     for data, scale, checkpoint, swizzled, ours in ((k_data, k_scale, 0.75, False, ours_k), (v_data, v_scale, 1.25, True, ours_v)):
         theirs = vllm.dequant_nvfp4_kv_cache(to_hnd(data), to_hnd(scale), checkpoint, g.head_size, g.block_size, swizzled_scales=swizzled)
         assert torch.equal(theirs.permute(0, 2, 1, 3).reshape(1, -1, g.num_kv_heads, g.head_size), ours), "swizzled V" if swizzled else "linear K"
+
+
+@pytest.mark.parametrize("k_scale", [1.0, 0.75, 0.01])
+def test_the_encoder_equals_vllms_torch_reference_of_its_quantiser(vllm, k_scale):
+    """``ref_nvfp4_quant`` (tests/kernels/quantization/test_nvfp4_quant.py: the same two-level
+    scale, e2m1 by thresholds) gives the reference's e2m1 values and e4m3 scales, ties included."""
+    x = (torch.randn(64, 128, generator=torch.Generator().manual_seed(5)) * 3).bfloat16()
+    x[0, :16] = torch.tensor([6.0, -6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -1.25, -3.5, -5.0, -0.1, 0.0])
+    x[1, :16] = torch.linspace(-6.375, 6.375, 16)  # amax / 6 = 1.0625: an e4m3 tie
+    data, sf = QC.nvfp4_encode(x, k_scale)
+    values, scales = vllm.ref_nvfp4_quant(x, torch.tensor(1.0) / torch.tensor(k_scale, dtype=torch.float32))
+    assert torch.equal(sf.view(torch.float8_e4m3fn).float(), scales)
+    assert torch.equal(QC.e2m1_values(QC.unpack_nibbles(data)), values)
