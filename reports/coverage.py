@@ -163,8 +163,9 @@ def declaration_problems(facts: dict) -> list[str]:
     found = [f"declares kv_cache_dtype {one} without its alias {other} (both store the same fp8 format; "
              f"the cases keyed to {other} do not run): declare both"
              for pair in ALIASES for one, other in (pair, pair[::-1]) if one in kv and other not in kv]
-    held = {label for labels in (facts.get("layout_cache_dtypes") or {}).values() for label in labels}
-    if facts.get("layouts"):
+    by_layout = facts.get("layout_cache_dtypes")
+    if facts.get("layouts") and by_layout is not None:  # documents before #38 do not say what each layout holds
+        held = {label for labels in by_layout.values() for label in labels}
         found += [f"declares cache dtype {label}, which none of its layouts holds: no case can use it"
                   for label in facts.get("cache_dtypes") or [] if label not in held]
     fp8 = [k for k in kv if k != "auto"]

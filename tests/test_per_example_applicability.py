@@ -16,7 +16,7 @@ from kvconform.conformance.harness.examples import skipping_unavailable_examples
 from kvconform.conformance.harness.facts import TestFacts, UnavailableSpecs
 
 from .partial_backends import WHO
-from .suite_runs import run_suite
+from .suite_runs import KV_CHECKS, run_suite
 
 PARTIAL = "tests.partial_backends:UnavailableAtBlockSize32"
 NOWHERE = "tests.partial_backends:UnavailableEverywhere"
@@ -26,7 +26,7 @@ WRITE_ONLY = "tests.partial_backends:WriteOnly"
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    result = run_suite(tmp_path_factory.mktemp("partial"), "--backend", f"{PARTIAL},{NOWHERE},{EVERY_SHAPE}", "-m", "write", "-n", "2")
+    result = run_suite(tmp_path_factory.mktemp("partial"), "--backend", f"{PARTIAL},{NOWHERE},{EVERY_SHAPE}", "-m", "write", "-k", KV_CHECKS, "-n", "2")
     return result
 
 

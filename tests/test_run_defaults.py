@@ -11,7 +11,7 @@ from kvconform.backends_under_test.reference_backend import ReferenceBackend, e3
 from kvconform.conformance.plugin.session import default_standard, default_timeout
 from kvconform.errors import InputError
 
-from .suite_runs import run_suite
+from .suite_runs import KV_CHECKS, run_suite
 
 
 def loaded(**backends):
@@ -44,5 +44,5 @@ def test_mixed_standards_without_standard_is_a_usage_error_naming_the_option(tmp
 
 
 def test_an_e3_only_backend_is_checked_against_e3_when_no_standard_is_given(tmp_path):
-    result = run_suite(tmp_path, "--backend", "reference_e3", "-k", "shape")
+    result = run_suite(tmp_path, "--backend", "reference_e3", "-k", f"shape and {KV_CHECKS}")
     assert result.document["environment"]["standard"] == "e3" and result.outcomes("reference_e3", "shape") == {"passed"}

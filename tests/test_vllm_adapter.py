@@ -100,7 +100,7 @@ def test_vllm_backends_are_checked_against_the_standard_they_declare(gfx942):
 @needs_vllm
 def test_rocm_attn_lhbnc_writes_at_block_size_48_through_vllms_triton_fallback(gfx942):
     """16 and 32 take the compiled reshape_and_cache (absent here); 48 takes Triton and is checked."""
-    writes = [r for r in records(gfx942, "vllm:ROCM_ATTN") if r["family"] in ("write", "shuffle") and r["layout"].startswith("LHBNC")
+    writes = [r for r in records(gfx942, "vllm:ROCM_ATTN") if r["family"] in ("write", "shuffle") and (r["layout"] or "").startswith("LHBNC")
               and r["outcome"] != "not-applicable"]
     at_48 = [r for r in writes if r["nodeid"].endswith("-N48]")]  # the block-size class: written at 48 only
     fixed = [r for r in writes if r["block_sizes"] is not None]

@@ -56,6 +56,11 @@ FIRST = (regression("rocm_swap_indexes_dim1"), GFX942)
 JOB = "vllm-runs"
 TIMEOUT = 3600  # s, for all the runs together
 READERS = ("test_vllm_adapter.py", "test_vllm_regressions.py", "test_vllm_mla.py", "test_vllm_quant.py")
+# One core (the serial tests have the other). TRITON_INTERPRET before the parent imports triton: a
+# @triton.jit function made without it (tl.max's combine, in triton.language.standard) is not an
+# interpreted one, and the runs forked from that parent failed "Cannot call @triton.jit'd outside of
+# the scope of a kernel" in vLLM's per-token-head writer (the stand-ins set it too late for them).
+JOB_ENV = {"OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1"}
 _out: list[str] = []  # the runs' scratch directory, once registered
 
 
@@ -88,7 +93,7 @@ def register(python: str) -> None:
         _out.append(tempfile.mkdtemp(prefix="kvconform-vllm-runs-"))
         runs = plan()
         background.register(JOB, forked_runs_command(_out[0], runs, fresh=FRESH, probe=probe(runs), python=python, jobs=1, timeout=TIMEOUT),
-                            cwd=ROOT, env={"OMP_NUM_THREADS": "1"}, readers=READERS)  # one core: the serial tests have the other
+                            cwd=ROOT, env=JOB_ENV, readers=READERS)
 
 
 def results(python: str) -> dict[str, dict]:
