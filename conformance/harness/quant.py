@@ -1,4 +1,4 @@
-"""What the per-token-head checks (SPEC §16) are written with: guarded arenas, the backend's op run
+"""What the quantised-cache checks (SPEC §16 per-token-head, §16.1 nvfp4) are written with: guarded arenas, the backend's op run
 beside reference/quant_codecs.py on twin arenas, and byte comparisons told in cell coordinates
 (layer, block, slot, head, field, byte).
 
