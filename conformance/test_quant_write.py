@@ -1,7 +1,8 @@
-"""Quantised caches, write side: ``triton_reshape_and_cache_flash_per_token_head_quant`` (and for
-nvfp4 ``reshape_and_cache_nvfp4``) puts every code and every scale where reference/quant_layouts.py says, encoded as
-reference/quant_codecs.py says, and changes nothing else — not other slots' scales, not padding,
-not other layers, not the guard bytes (SPEC §16 PTH-*, §16.1 NVFP4-*)."""
+"""Quantised caches, write side: ``triton_reshape_and_cache_flash_per_token_head_quant`` (for
+nvfp4 ``reshape_and_cache_nvfp4``) puts every code and every scale where
+reference/quant_layouts.py says, encoded as reference/quant_codecs.py says, and changes nothing
+else — not other slots' scales, not padding, not other layers, not the guard bytes (SPEC §16
+PTH-*, §16.1 NVFP4-*)."""
 
 import dataclasses
 
