@@ -53,6 +53,7 @@ from .vllm_base import (  # noqa: F401 - re-exported: the adapter's shared parts
     interpreted,
     shuffle_mode,
     stack_layer_views,
+    worker_views,
 )
 from .vllm_quant import VllmQuant
 
@@ -211,26 +212,10 @@ class VllmE3Backend(VllmQuant, VllmBackend):
         """The cache as vLLM's worker builds it: planner strides, then ``create_kv_cache_views``
         over the suite's buffer; returned as ``[L, B, H, N, C]`` (the per-layer views, stacked
         as a view)."""
-        from vllm.v1.kv_cache_interface import (
-            KVCacheGroupSpec,
-            KVCacheTensor,
-            compute_layout_strides,
-            create_kv_cache_views,
-        )
-
         g = spec.geometry
         member = self._by_layout[str(spec.layout)]
-        vspec = self.vllm_spec(spec)
         names = [f"model.layers.{i}.attn" for i in range(g.num_layers)]
-        bytes_per_block = cache_planner()._get_kv_cache_bytes_per_block([KVCacheGroupSpec(names, vspec)], member)
-        # As get_kv_cache_config_from_groups: block-outermost layouts interleave all layers per block.
-        fixed_block = bytes_per_block if member.is_block_outermost else None
-        layer_stride, block_stride, *_ = compute_layout_strides(vspec, g.num_blocks, g.num_layers, member, fixed_strides=(None, fixed_block, None, None, None))
-        size = bytes_per_block * g.num_blocks
-        if size > buffer.numel():
-            raise ValueError(f"vLLM wants {size} bytes for {g.short()} in {member.name}; the reference layout {spec.layout} has {buffer.numel()}")
-        tensor = KVCacheTensor(size=size, layers=names, layer_stride=layer_stride, block_stride=block_stride)
-        views = create_kv_cache_views(buffer.view(torch.int8), vspec, g.num_blocks, member, tensor)
+        views = worker_views(buffer, self.vllm_spec(spec), member, g.num_blocks, names, f"the reference layout {spec.layout} for {g.short()}")
         return stack_layer_views(views)
 
     def per_layer(self, cache):

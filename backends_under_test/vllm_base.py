@@ -88,6 +88,24 @@ def cache_planner():
     )
 
 
+def worker_views(buffer: torch.Tensor, vspec, member, num_blocks: int, names: list[str], against: str, *, exact: bool = False) -> list:
+    """The per-layer views vLLM's worker makes over ``buffer`` for one group of layers ``names``:
+    the planner's bytes per block for ``member`` (block-outermost members interleave every layer
+    per block, as get_kv_cache_config_from_groups does), its strides, then ``create_kv_cache_views``.
+    ``against`` names the suite's allocation when vLLM wants more bytes than it holds (or, ``exact``,
+    other than it holds: a spec that lays out every byte of the page)."""
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec, KVCacheTensor, compute_layout_strides, create_kv_cache_views
+
+    bytes_per_block = cache_planner()._get_kv_cache_bytes_per_block([KVCacheGroupSpec(names, vspec)], member)
+    fixed_block = bytes_per_block if member.is_block_outermost else None
+    layer_stride, block_stride, *_ = compute_layout_strides(vspec, num_blocks, len(names), member, fixed_strides=(None, fixed_block, None, None, None))
+    size = bytes_per_block * num_blocks
+    if size > buffer.numel() or exact and size != buffer.numel():
+        raise ValueError(f"vLLM wants {size} bytes in {member.name}; {against} has {buffer.numel()}")
+    tensor = KVCacheTensor(size=size, layers=names, layer_stride=layer_stride, block_stride=block_stride)
+    return create_kv_cache_views(buffer.view(torch.int8), vspec, num_blocks, member, tensor)
+
+
 @contextlib.contextmanager
 def shuffle_mode(enabled: bool):
     """Run vLLM with the AITER shuffled cache on or off, restoring the process's setting.

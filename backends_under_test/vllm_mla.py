@@ -43,8 +43,8 @@ from .vllm_base import (
     _real_code_path,
     _unavailable,
     _vllm_config,
-    cache_planner,
     interpreted,
+    worker_views,
 )
 
 ROPE_DIM = 64  # every MLA model vLLM 0.33.0 serves (DeepSeek V2/V3/V3.2/V4, Kimi-K2, GLM) ropes 64 dims
@@ -206,25 +206,9 @@ class VllmMLABackend(VllmBackend):
     def latent_allocate(self, buffer, spec: LatentSpec):
         """As the worker: planner strides, ``create_kv_cache_views`` over ``buffer``, then the
         ``[B, H=1, N, C] → [B, N, C]`` squeeze of ``MLAAttention.bind_kv_cache``."""
-        from vllm.v1.kv_cache_interface import (
-            KVCacheGroupSpec,
-            KVCacheTensor,
-            compute_layout_strides,
-            create_kv_cache_views,
-        )
-
         g = spec.geometry
-        vspec = self.mla_spec(spec)
         names = [f"model.layers.{i}.self_attn.attn" for i in range(g.num_layers)]
-        member = self._layout
-        bytes_per_block = cache_planner()._get_kv_cache_bytes_per_block([KVCacheGroupSpec(names, vspec)], member)
-        fixed_block = bytes_per_block if member.is_block_outermost else None
-        layer_stride, block_stride, *_ = compute_layout_strides(vspec, g.num_blocks, g.num_layers, member, fixed_strides=(None, fixed_block, None, None, None))
-        size = bytes_per_block * g.num_blocks
-        if size > buffer.numel():
-            raise ValueError(f"vLLM's {self.vllm_name} wants {size} bytes for {g.short()}; the reference record format has {buffer.numel()}")
-        tensor = KVCacheTensor(size=size, layers=names, layer_stride=layer_stride, block_stride=block_stride)
-        views = create_kv_cache_views(buffer.view(torch.int8), vspec, g.num_blocks, member, tensor)
+        views = worker_views(buffer, self.mla_spec(spec), self._layout, g.num_blocks, names, f"the reference record format of {g.short()}")
         if g.num_layers != 1:
             raise ValueError(f"vllm:{self.vllm_name} declares one layer per allocation; got {g.num_layers}")
         cache = views[0].squeeze(1)

@@ -34,9 +34,9 @@ from .vllm_base import (
     INTERPRETER_FP8,
     _real_code_path,
     _vllm_config,
-    cache_planner,
     interpreted,
     stack_layer_views,
+    worker_views,
 )
 
 MEMBERS = {"HND": "LBHNC", "NHD": "LBNHC"}  # SPEC §16 order -> vLLM KVCacheLayout member
@@ -95,25 +95,13 @@ class VllmQuant(QuantOps):
     def quant_allocate(self, buffer, spec: QuantSpec):
         """As the worker: planner strides and ``create_kv_cache_views`` over ``buffer`` in the
         order's layout, stacked ``[L, B, H, N, C]``; then layer ``spec.layer``'s first use."""
-        from vllm.v1.kv_cache_interface import (
-            KVCacheGroupSpec,
-            KVCacheTensor,
-            compute_layout_strides,
-            create_kv_cache_views,
-        )
         from vllm.v1.kv_cache_layout import KVCacheLayout
 
         g = spec.geometry
-        vspec = self._quant_vllm_spec(g)
         member = KVCacheLayout[MEMBERS[g.order]]
         names = [f"model.layers.{i}.attn" for i in range(g.num_layers)]
-        bytes_per_block = cache_planner()._get_kv_cache_bytes_per_block([KVCacheGroupSpec(names, vspec)], member)
-        layer_stride, block_stride, *_ = compute_layout_strides(vspec, g.num_blocks, g.num_layers, member)
-        size = bytes_per_block * g.num_blocks
-        if size != buffer.numel():
-            raise ValueError(f"vLLM's {self.vllm_name} wants {size} bytes for {g.short()} in {member.name}; SPEC §16 lays out {buffer.numel()}")
-        tensor = KVCacheTensor(size=size, layers=names, layer_stride=layer_stride, block_stride=block_stride)
-        cache = stack_layer_views(create_kv_cache_views(buffer.view(torch.int8), vspec, g.num_blocks, member, tensor))
+        views = worker_views(buffer, self._quant_vllm_spec(g), member, g.num_blocks, names, f"SPEC §16 for {g.short()}", exact=True)
+        cache = stack_layer_views(views)
         self._layer_impl(cache, spec)
         return cache
 
