@@ -102,17 +102,22 @@ def stored_fields(arena, slots):
     return codes, scales
 
 
+def edge_records_written(case, fmt):
+    """Eight edge-value rows written by the backend into every third slot: the rows, and the codes
+    and scales fields it stored for them."""
+    slots = torch.arange(8) * 3 + 1
+    rows = edge_rows(fmt, 8, case.seed)
+    arena = allocate(case, latent_spec(case, fmt))
+    run_write(case, arena, rows, slots)
+    return rows, stored_fields(arena, slots)
+
+
 @pytest.mark.kvc_clause("DSMLA-RECORD", "IDX-WRITE", "FP8-ENCODE")
 @pytest.mark.kvc_latent("fp8_ds_mla", "indexer")
 def test_stored_codes_are_the_inputs_encoded_with_the_records_own_scales(case, latent_format):
     # Independent of the scale policy: whatever scale a record holds, its codes are x / that scale.
     fmt = latent_format.fmt
-    spec = latent_spec(case, fmt)
-    slots = torch.arange(8) * 3 + 1
-    rows = edge_rows(fmt, 8, case.seed)
-    arena = allocate(case, spec)
-    run_write(case, arena, rows, slots)
-    codes, scales = stored_fields(arena, slots)
+    rows, (codes, scales) = edge_records_written(case, fmt)
     expected = latent_records.encode_groups(rows.kv_c.cpu(), scales, 128, fmt.e4m3)
     assert_rows_equal("write", case, expected, codes, f"fp8 codes of {fmt.label()} given each record's stored scales", ("token", "value"))
 
@@ -121,14 +126,9 @@ def test_stored_codes_are_the_inputs_encoded_with_the_records_own_scales(case, l
 @pytest.mark.kvc_latent("fp8_ds_mla", "indexer")
 def test_stored_scales_follow_the_scale_policy_of_the_platform(case, latent_format):
     fmt = latent_format.fmt
-    spec = latent_spec(case, fmt)
-    slots = torch.arange(8) * 3 + 1
-    rows = edge_rows(fmt, 8, case.seed)
-    arena = allocate(case, spec)
-    run_write(case, arena, rows, slots)
+    rows, (_, scales) = edge_records_written(case, fmt)
     policy = R.latent.ScalePolicy.ds_mla("0.33.0", fmt.platform, fmt.arch) if fmt.kind == "fp8_ds_mla" else R.latent.ScalePolicy.indexer(fmt.scale_format, fmt.platform, fmt.arch)
     expected = policy.scales(latent_records.group_amax(rows.kv_c.cpu(), 128))
-    _, scales = stored_fields(arena, slots)
     assert_rows_equal("write", case, expected, scales, f"tile scales of {fmt.label()} (divisor {policy.divisor}, floor {policy.floor}, power of two: {policy.pow2})",
                       ("token", "tile"))
 
