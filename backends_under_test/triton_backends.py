@@ -31,7 +31,30 @@ def _platform() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-class TritonBackend(Backend):
+class OnTriton(Backend):
+    """What every portable Triton backend states of where it runs: the platform (the device its
+    kernels compile for, or the CPU interpreter), its torch device, arch and versions. A subclass
+    sets ``_capabilities`` after ``super().__init__()``."""
+
+    _capabilities: Capabilities
+
+    def __init__(self):
+        self.platform = _platform()
+        self.device = "cpu" if self.platform == "cpu" else "cuda"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    def versions(self):
+        mode = "interpreted (TRITON_INTERPRET=1)" if os.environ.get("TRITON_INTERPRET") == "1" else "compiled"
+        return {"torch": torch.__version__, "triton": triton.__version__, "triton_mode": mode}
+
+    def arch(self):
+        return device_arch(self.platform)
+
+
+class TritonBackend(OnTriton):
     """Shared plumbing: allocation over the suite's buffer, block copies along the block dim."""
 
     form: int = K.STRIDED
@@ -42,25 +65,13 @@ class TritonBackend(Backend):
     head_sizes = (64, 128)
 
     def __init__(self):
-        self.platform = _platform()
-        self.device = "cpu" if self.platform == "cpu" else "cuda"
+        super().__init__()
         self._capabilities = Capabilities(
             layouts=self.layouts, ops=frozenset({"write", "split", "swap", "copy", "decode", "regions"}),
             standards=self.standards, dtypes=(torch.bfloat16, torch.float16),
             kv_cache_dtypes=("auto", *R.fp8.KV_CACHE_DTYPES), head_sizes=self.head_sizes, block_sizes=(16, 32),
             num_kv_heads=(1, 2, 3), scale_types=("tensor", "head"),
         )
-
-    @property
-    def capabilities(self):
-        return self._capabilities
-
-    def versions(self):
-        mode = "interpreted (TRITON_INTERPRET=1)" if os.environ.get("TRITON_INTERPRET") == "1" else "compiled"
-        return {"torch": torch.__version__, "triton": triton.__version__, "triton_mode": mode}
-
-    def arch(self):
-        return device_arch(self.platform)
 
     def allocate(self, buffer, spec):
         shape, strides = spec.layout.view_shape_strides(spec.geometry)

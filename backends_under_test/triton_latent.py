@@ -10,46 +10,32 @@ every layer. It keeps no K/V cache (``layouts=()``). Compiled on NVIDIA/ROCm, in
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
-import triton
 
 from kvconform import reference as R
 
 from . import triton_kernels as KV
 from . import triton_latent_kernels as K
-from .contract import Backend, Capabilities
+from .contract import Capabilities
 from .latent_contract import LatentCapabilities, LatentSpec
 from .reference_mla import latent_formats  # the kernels write and read every format the reference declares
-from .triton_backends import _platform, device_arch
+from .triton_backends import OnTriton
 
 # Every latent op but the connector's TP plan (a connector's decision, not a kernel's).
 OPS = frozenset({"latent_write", "latent_grouped_write", "latent_gather", "latent_decode", "latent_copy", "latent_swap",
                  "indexer_write", "indexer_gather", "latent_regions"})
 
 
-class TritonMLA(Backend):
+class TritonMLA(OnTriton):
     name = "triton_mla"
 
     def __init__(self):
-        self.platform = _platform()
-        self.device = "cpu" if self.platform == "cpu" else "cuda"
+        super().__init__()
         self._capabilities = Capabilities(
             layouts=(), ops=frozenset(),
             latent=LatentCapabilities(formats=latent_formats(self.platform, self.arch()), ops=OPS, block_sizes=(16, 64), num_layers=(1, 3)),
         )
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return self._capabilities
-
-    def versions(self):
-        mode = "interpreted (TRITON_INTERPRET=1)" if os.environ.get("TRITON_INTERPRET") == "1" else "compiled"
-        return {"torch": torch.__version__, "triton": triton.__version__, "triton_mode": mode}
-
-    def arch(self):
-        return device_arch(self.platform)
 
     def allocate(self, buffer, spec):
         raise NotImplementedError("triton_mla keeps latent caches only")
