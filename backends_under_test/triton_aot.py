@@ -33,6 +33,18 @@ def _compile(fn, names, types, constexprs, target):
     return triton.compile(triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target)
 
 
+def _compiled_each(arch: str, target, jobs) -> list[tuple[str, str, str]]:
+    """(arch, variant, "ok" or the error) of each (variant, kernel, arg names, types, constexprs) job."""
+    results = []
+    for name, fn, names, types, constexprs in jobs:
+        try:
+            _compile(fn, names, types, constexprs, target)
+            results.append((arch, name, "ok"))
+        except Exception as exc:  # noqa: BLE001 - reported per variant
+            results.append((arch, name, f"{type(exc).__name__}: {str(exc).splitlines()[-1][:200]}"))
+    return results
+
+
 def compile_all() -> list[tuple[str, str, str]]:
     """(arch, kernel variant, "ok" or the error) for every kernel form on every target."""
     import triton.language as tl
@@ -60,12 +72,7 @@ def compile_all() -> list[tuple[str, str, str]]:
             if form_name == "strided-packed" and not quant:
                 jobs.append(("copy-blocks", K.copy_blocks_kernel, COPY_ARGS, ["*i64", "*i64", "*i64", "*i64"] + ["i64"] * 4,
                              dict(REGION_LEN=1536, CHUNK=2048)))
-            for name, fn, names, types, constexprs in jobs:
-                try:
-                    _compile(fn, names, types, constexprs, target)
-                    results.append((arch, name, "ok"))
-                except Exception as exc:  # noqa: BLE001 - reported per variant
-                    results.append((arch, name, f"{type(exc).__name__}: {str(exc).splitlines()[-1][:200]}"))
+            results += _compiled_each(arch, target, jobs)
     return results
 
 
@@ -107,14 +114,11 @@ def compile_latent(archs=tuple(TARGET_SPECS)) -> list[tuple[str, str, str]]:
         backend, arch_id, warp, _, _ = TARGET_SPECS[arch]
         target = GPUTarget(backend, arch_id, warp)
         e4m3, divisor = (torch.float8_e4m3fnuz, 224.0) if arch == "gfx942" else (torch.float8_e4m3fn, 448.0)
+        jobs = []
         for name, fn, pointers, constexprs in _latent_jobs(e4m3, divisor):
             names = [p.name for p in fn.params if not p.is_constexpr]  # pointers first, then integer scalars
-            types = pointers + ["fp32" if n == "softmax_scale" else "i64" for n in names[len(pointers):]]
-            try:
-                _compile(fn, names, types, constexprs, target)
-                results.append((arch, name, "ok"))
-            except Exception as exc:  # noqa: BLE001 - reported per variant
-                results.append((arch, name, f"{type(exc).__name__}: {str(exc).splitlines()[-1][:200]}"))
+            jobs.append((name, fn, names, pointers + ["fp32" if n == "softmax_scale" else "i64" for n in names[len(pointers):]], constexprs))
+        results += _compiled_each(arch, target, jobs)
     return results
 
 
