@@ -1,0 +1,171 @@
+"""The fast tier of kvconform's own tests: ``./kvc test --fast`` runs only the tests listed in
+``tests/fast_tier.txt``, a list generated from measured durations, so that a developer can run a
+tier that touches every test module in a few minutes before committing. The full tier (no
+``--fast``) is what CI runs.
+
+Why a generated list rather than a ``slow`` marker: what is slow is a measurement (a test that
+starts a suite run in a subprocess, Chromium or the vLLM venv, or waits on a fixture that does),
+not something a test's author knows when writing it, and it changes as the suite grows; a list
+regenerated from a run's durations stays true without editing test files. A new test of a module
+the list knows (or one renamed since the list was made) runs in the full tier only until the list
+is regenerated; a module the list does not know runs whole; ``tests/test_fast_tier.py`` fails when
+a module drops out of the tier (every listed test of it renamed or removed).
+
+Regenerate (a full run, ~15 min on two cores, then the selection; see docs/PERFORMANCE.md)::
+
+    ./kvc test --record-durations /tmp/durations.jsonl
+    .venv/bin/python -m tests.fast_tier /tmp/durations.jsonl
+
+The selection keeps each module's cheapest measured test, then adds the cheapest remaining tests
+while the sum of their measured durations stays within the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+LIST = Path(__file__).with_name("fast_tier.txt")
+# Measured seconds of tests the tier may hold: what is left of 3 minutes is collection (~10 s),
+# start-up, and the machine being busier than when the durations were measured.
+BUDGET_S = 230.0
+# Modules with no test in the tier, and why (each is in the full tier, which CI runs).
+NOT_IN_TIER = {
+    "tests/test_report_in_chromium.py": "each test renders a suite run's HTML report in headless Chromium "
+                                        "(the cheapest took 58 s, as much as a fifth of the tier)",
+}
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvconform own tests")
+    group.addoption("--fast", action="store_true",
+                    help="run only the fast tier: the tests listed in tests/fast_tier.txt (a few minutes)")
+    group.addoption("--record-durations", metavar="PATH",
+                    help="append each test's seconds (set-up + call + tear-down) to PATH as JSON lines, "
+                         "the input of `python -m tests.fast_tier`")
+
+
+def configure(config: pytest.Config) -> None:
+    if config.getoption("fast") or config.getoption("record_durations"):
+        config.pluginmanager.register(FastTier(config.getoption("fast"), config.getoption("record_durations")), "kvc-fast-tier")
+
+
+def listed_node_ids(path: Path = LIST) -> list[str]:
+    lines = path.read_text().splitlines()
+    return [line.split("\t", 1)[1] for line in lines if line and not line.startswith("#")]
+
+
+def module_of(node_id: str) -> str:
+    return node_id.split("::", 1)[0]
+
+
+class FastTier:
+    """Deselects what the list does not name (``--fast``) and records durations (``--record-durations``)."""
+
+    def __init__(self, fast: bool, record_path: str | None):
+        self.fast = fast
+        self.record_path = record_path
+        self.seconds: dict[str, float] = collections.defaultdict(float)
+        self.kept = self.collected = 0
+        self.stale: list[str] = []
+        self.unknown: list[str] = []
+
+    @pytest.hookimpl(trylast=True)  # after other hooks have deselected by -k/-m
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        if not self.fast:
+            return
+        listed = set(listed_node_ids())
+        known = {module_of(i) for i in listed}
+        # A module the list does not know is newer than the list: it runs whole, being most likely what is being worked on.
+        in_tier = {item.nodeid for item in items
+                   if item.nodeid in listed or module_of(item.nodeid) not in known | set(NOT_IN_TIER)}
+        kept = [item for item in items if item.nodeid in in_tier]
+        dropped = [item for item in items if item.nodeid not in in_tier]
+        collected_modules = {module_of(item.nodeid) for item in items}
+        collected_ids = {item.nodeid for item in items}
+        # Only ids of modules this run collected can be called stale: a run of one module is not a verdict on the rest.
+        self.stale = sorted(i for i in listed if module_of(i) in collected_modules and i not in collected_ids)
+        self.unknown = sorted(collected_modules - known - set(NOT_IN_TIER))
+        self.kept, self.collected = len(kept), len(items)
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if not self.record_path:
+            return
+        self.seconds[report.nodeid] += report.duration
+        if report.when == "teardown":  # written as each test ends: a run stopped early keeps what it measured
+            with open(self.record_path, "a") as out:
+                out.write(json.dumps({"nodeid": report.nodeid, "seconds": round(self.seconds.pop(report.nodeid), 3)}) + "\n")
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.fast:
+            return
+        line = f"fast tier: {self.kept} of {self.collected} collected tests (tests/fast_tier.txt)"
+        if self.unknown:
+            line += f"; {len(self.unknown)} modules newer than the list run whole ({', '.join(self.unknown)})"
+        if self.stale:
+            line += f"; {len(self.stale)} listed tests no longer exist (renamed or removed), e.g. {self.stale[0]}"
+        if self.unknown or self.stale:
+            line += "; regenerate the list (tests/fast_tier.py says how)"
+        terminalreporter.write_line(line)
+
+
+def select(seconds: dict[str, float], budget_s: float = BUDGET_S) -> dict[str, float]:
+    """Each module's cheapest test (but those of NOT_IN_TIER), then the cheapest others while the sum stays within the budget."""
+    cheapest_first = sorted(((n, s) for n, s in seconds.items() if module_of(n) not in NOT_IN_TIER), key=lambda item: (item[1], item[0]))
+    chosen: dict[str, float] = {}
+    represented: set[str] = set()
+    for node_id, s in cheapest_first:
+        if module_of(node_id) not in represented:
+            chosen[node_id] = s
+            represented.add(module_of(node_id))
+    total = sum(chosen.values())
+    for node_id, s in cheapest_first:
+        if node_id not in chosen and total + s <= budget_s:
+            chosen[node_id] = s
+            total += s
+    return chosen
+
+
+def read_records(paths: list[Path]) -> dict[str, float]:
+    """node id -> seconds; a test recorded by several runs keeps its last measurement."""
+    seconds: dict[str, float] = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            seconds[record["nodeid"]] = record["seconds"]
+    return seconds
+
+
+def write_list(chosen: dict[str, float], measured: dict[str, float], budget_s: float, path: Path = LIST) -> None:
+    modules = {module_of(n) for n in chosen}
+    header = [
+        "# The fast tier: `./kvc test --fast` runs these tests. Generated by `python -m tests.fast_tier`",
+        "# from measured durations (see tests/fast_tier.py); edit by hand only to drop a renamed test.",
+        f"# {len(chosen)} of {len(measured)} measured tests, of {len(modules)} modules; measured seconds "
+        f"{sum(chosen.values()):.1f} of the budget {budget_s:.0f} (the rest took {sum(measured.values()) - sum(chosen.values()):.0f}).",
+        "# seconds<TAB>node id",
+    ]
+    path.write_text("\n".join(header + [f"{chosen[n]:.3f}\t{n}" for n in sorted(chosen)]) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Regenerate tests/fast_tier.txt from --record-durations files.")
+    parser.add_argument("records", nargs="+", type=Path)
+    parser.add_argument("--budget", type=float, default=BUDGET_S, help="measured seconds the tier may hold (default %(default)s)")
+    args = parser.parse_args(argv)
+    measured = read_records(args.records)
+    chosen = select(measured, args.budget)
+    write_list(chosen, measured, args.budget)
+    print(f"{LIST}: {len(chosen)} of {len(measured)} tests, {sum(chosen.values()):.1f} s measured", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
