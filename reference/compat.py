@@ -338,6 +338,7 @@ class Verdict:
     def summary(self) -> str:
         if not self.compatible:
             return f"incompatible: {self.reason}"
+        assert self.plan is not None  # a compatible verdict carries its plan (check)
         if not self.plan.slices:
             return "compatible: nothing to send"
         return "compatible: identical bytes" if self.plan.identical else f"compatible: converted ({', '.join(self.plan.steps)})"
