@@ -71,6 +71,7 @@ class FastTier:
         self.fast = fast
         self.record_path = record_path
         self.seconds: dict[str, float] = collections.defaultdict(float)
+        self.skipped: set[str] = set()
         self.kept = self.collected = 0
         self.stale: list[str] = []
         self.unknown: list[str] = []
@@ -100,9 +101,13 @@ class FastTier:
         if not self.record_path:
             return
         self.seconds[report.nodeid] += report.duration
+        if report.skipped:
+            self.skipped.add(report.nodeid)
         if report.when == "teardown":  # written as each test ends: a run stopped early keeps what it measured
+            record = {"nodeid": report.nodeid, "seconds": round(self.seconds.pop(report.nodeid), 3),
+                      "skipped": report.nodeid in self.skipped}
             with open(self.record_path, "a") as out:
-                out.write(json.dumps({"nodeid": report.nodeid, "seconds": round(self.seconds.pop(report.nodeid), 3)}) + "\n")
+                out.write(json.dumps(record) + "\n")
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.fast:
@@ -117,8 +122,10 @@ class FastTier:
         terminalreporter.write_line(line)
 
 
-def select(seconds: dict[str, float], budget_s: float = BUDGET_S) -> dict[str, float]:
-    """Each module's cheapest test (but those of NOT_IN_TIER), then the cheapest others while the sum stays within the budget."""
+def select(seconds: dict[str, float], budget_s: float = BUDGET_S, skipped: frozenset[str] = frozenset()) -> dict[str, float]:
+    """Each module's cheapest test (but those of NOT_IN_TIER), then the cheapest others that ran
+    while the sum stays within the budget. A skipped test's seconds say nothing of what it costs
+    where it runs (the vLLM modules with $KVCONFORM_VLLM_PYTHON): one represents its module at most."""
     cheapest_first = sorted(((n, s) for n, s in seconds.items() if module_of(n) not in NOT_IN_TIER), key=lambda item: (item[1], item[0]))
     chosen: dict[str, float] = {}
     represented: set[str] = set()
@@ -128,20 +135,20 @@ def select(seconds: dict[str, float], budget_s: float = BUDGET_S) -> dict[str, f
             represented.add(module_of(node_id))
     total = sum(chosen.values())
     for node_id, s in cheapest_first:
-        if node_id not in chosen and total + s <= budget_s:
+        if node_id not in chosen and node_id not in skipped and total + s <= budget_s:
             chosen[node_id] = s
             total += s
     return chosen
 
 
-def read_records(paths: list[Path]) -> dict[str, float]:
-    """node id -> seconds; a test recorded by several runs keeps its last measurement."""
-    seconds: dict[str, float] = {}
+def read_records(paths: list[Path]) -> tuple[dict[str, float], frozenset[str]]:
+    """node id -> seconds, and the node ids that skipped; a test recorded by several runs keeps its last measurement."""
+    records: dict[str, dict] = {}
     for path in paths:
         for line in path.read_text().splitlines():
             record = json.loads(line)
-            seconds[record["nodeid"]] = record["seconds"]
-    return seconds
+            records[record["nodeid"]] = record
+    return {n: r["seconds"] for n, r in records.items()}, frozenset(n for n, r in records.items() if r.get("skipped"))
 
 
 def write_list(chosen: dict[str, float], measured: dict[str, float], budget_s: float, path: Path = LIST) -> None:
@@ -161,8 +168,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("records", nargs="+", type=Path)
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="measured seconds the tier may hold (default %(default)s)")
     args = parser.parse_args(argv)
-    measured = read_records(args.records)
-    chosen = select(measured, args.budget)
+    measured, skipped = read_records(args.records)
+    chosen = select(measured, args.budget, skipped)
     write_list(chosen, measured, args.budget)
     print(f"{LIST}: {len(chosen)} of {len(measured)} tests, {sum(chosen.values()):.1f} s measured", file=sys.stderr)
 

@@ -26,3 +26,9 @@ def test_the_selection_keeps_each_modules_cheapest_test_then_fills_the_budget_ch
                 "tests/test_b.py::test_quick": 0.1, "tests/test_b.py::test_quick_too": 0.2, "tests/test_b.py::test_slow": 9.0}
     assert set(select(measured, budget_s=51.0)) == {"tests/test_a.py::test_slow", "tests/test_b.py::test_quick", "tests/test_b.py::test_quick_too"}
     assert set(select(measured, budget_s=1.0)) == {"tests/test_a.py::test_slow", "tests/test_b.py::test_quick"}
+
+
+def test_a_test_that_skipped_where_it_was_measured_only_represents_its_module():
+    measured = {"tests/test_vllm.py::test_a": 0.0, "tests/test_vllm.py::test_b": 0.0, "tests/test_c.py::test_c": 1.0}
+    chosen = select(measured, budget_s=100.0, skipped=frozenset({"tests/test_vllm.py::test_a", "tests/test_vllm.py::test_b"}))
+    assert set(chosen) == {"tests/test_vllm.py::test_a", "tests/test_c.py::test_c"}
