@@ -53,6 +53,18 @@ class ScalesResetAcrossLayers(QuantMutant):
                 view.fill_(1.0)
 
 
+@mutant("quant_first_use_fills_k_scales_only")
+class FirstUseFillsKScalesOnly(QuantMutant):
+    """A layer's first use fills its K scales with 1.0 and leaves its V scales as allocated: neither
+    of the two states PTH-SCALE-INIT allows (a fill loop that stops after the first view)."""
+
+    catches = ("write",)
+    kills = ("test_a_layers_first_use_and_writes_leave_other_layers_untouched",)
+
+    def initialise_scales(self, cache, spec):
+        self.scale_views(cache[spec.layer])[0].fill_(1.0)
+
+
 @mutant("quant_v_scaled_with_k_scale")
 class VScaledWithKScale(QuantMutant):
     """Quantises V with K's scale and stores K's scale for V."""

@@ -81,16 +81,25 @@ def allocate(case: Case, spec: QuantSpec, seed_offset: int = 0) -> tuple[QuantAr
     buffer = random_bytes(2 * GUARD + spec.geometry.nbytes(), gen).to(case.device)
     expected = buffer.cpu().clone()
     arena = QuantArena(buffer, spec)
-    arena.cache = case.backend.quant_allocate(arena.region, spec)
-    QC.initialise_scales(region_of(expected, spec.geometry), spec.geometry, spec.layer)
+    first_use(case, arena, expected)
     return arena, expected
 
 
 def reallocate(case: Case, arena: QuantArena, expected: torch.Tensor, layer: int) -> None:
     """The backend's first use of another layer of the same allocation (vLLM: another layer's impl)."""
     arena.spec = dataclasses.replace(arena.spec, layer=layer)
+    first_use(case, arena, expected)
+
+
+def first_use(case: Case, arena: QuantArena, expected: torch.Tensor) -> None:
+    """The backend builds layer ``arena.spec.layer``'s cache; ``expected`` becomes what PTH-SCALE-INIT
+    allows it to have done: that layer's scales all 1.0 (vLLM 0.33.0) or every byte as it was (0.34.0)."""
+    g, layer = arena.spec.geometry, arena.spec.layer
     arena.cache = case.backend.quant_allocate(arena.region, arena.spec)
-    QC.initialise_scales(region_of(expected, arena.spec.geometry), arena.spec.geometry, layer)
+    if torch.equal(arena.snapshot(), expected):
+        return
+    QC.initialise_scales(region_of(expected, g), g, layer)
+    assert_arena_equal("quant first use", case, expected, arena, f"layer {layer}'s scales neither all 1.0 nor left as allocated")
 
 
 def region_of(arena_bytes: torch.Tensor, g: QL.QuantGeometry) -> torch.Tensor:
