@@ -34,11 +34,14 @@ LIST = Path(__file__).with_name("fast_tier.txt")
 # Measured seconds the tier may hold, in the units of the run that measured them: the list's were
 # measured on two cores shared with other full runs (load 6-9), several times a quiet machine's
 # seconds; the tier's wall time, which must stay within 3 minutes, is in docs/PERFORMANCE.md.
-BUDGET_S = 230.0
+BUDGET_S = 150.0
 # Modules with no test in the tier, and why (each is in the full tier, which CI runs).
 NOT_IN_TIER = {
     "tests/test_report_in_chromium.py": "each test renders a suite run's HTML report in headless Chromium "
                                         "(the cheapest took 58 s, as much as a fifth of the tier)",
+    "tests/test_fault_isolation.py": "its one test is a whole suite run of faulty backends (81 s in the tier's first timing)",
+    "tests/test_lmcache_adapter.py": "every test needs the LMCache sdist fetched and built from the package registry (45 s)",
+    "tests/test_interop_report.py": "every test reads suite runs of two machines made by a module fixture (24 s)",
 }
 
 
