@@ -18,7 +18,9 @@ from kvconform.conformance.harness.big_caches import lazy_zeros  # noqa: E402
 from kvconform.reference import latent as L  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(not interpreted(), reason="these runs use CPU tensors: Triton's interpreter (TRITON_INTERPRET=1)")
+# Without the interpreter from triton's first import these CPU-tensor runs cannot run in this process;
+# tests/test_triton_latent_kernels_interpreted.py then runs this module in an interpreted pytest of its own.
+pytestmark = pytest.mark.skipif(not interpreted(), reason="needs TRITON_INTERPRET=1 from the start: run by test_triton_latent_kernels_interpreted.py")
 BF16, FP16 = torch.bfloat16, torch.float16
 PLATFORMS = [("cpu", ""), ("rocm", "gfx942"), ("rocm", "gfx950")]
 
