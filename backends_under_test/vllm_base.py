@@ -38,7 +38,9 @@ WIDE_HEAD_SIZES = (256,)  # only for a backend that supports none of the above (
 DEFAULT_TIMEOUT = 300.0
 # Ops vLLM has that the adapter does not drive (their N/A is the adapter's, not vLLM's).
 NOT_DRIVEN = {"decode": "does not drive vLLM's attention forward (paged decode), so the read checks do not run on vLLM"}
-COMPUTE_CAPABILITY_REJECTED = "compute capability not supported"  # vLLM's validate_configuration reason
+# vLLM's validate_configuration reasons that reject this device's hardware whatever the configuration:
+# vLLM never selects the backend here (ROCM_SEGMENTED_ATTN on a CDNA gfx942, rocm_segmented_attn.py:141 in 0.34.0).
+HARDWARE_REJECTED = ("compute capability not supported", "requires AMD RDNA GPUs")
 # validate_configuration reasons that name a compiled part this vLLM build lacks (the GPU carry
 # bundle has no FlashAttention extensions): not applicable here, not a finding.
 BUILD_LACKS = ("requires FlashAttention",)
@@ -46,6 +48,10 @@ INTERPRETER_FP8 = (
     "not declared under TRITON_INTERPRET=1: the interpreter's fp8 casts drop the rounding carry "
     "(1.99 -> 1.0 in e4m3fn, 3.99 -> 2.0 in e4m3fnuz; Triton 3.9), so bytes would judge Triton, not vLLM"
 )
+
+
+def _rejects_hardware(reasons) -> bool:
+    return any(part in reason for reason in reasons for part in HARDWARE_REJECTED)
 
 
 def interpreted() -> bool:
@@ -76,16 +82,21 @@ def cache_planner():
         except ImportError:
             continue
         if hasattr(planner, "_get_kv_cache_bytes_per_block"):
-            if len(inspect.signature(planner._get_kv_cache_bytes_per_block).parameters) < 2:  # 0.31.0 and before: no layout
-                raise BackendUnavailable(
-                    f"vLLM {import_vllm().__version__}'s {module}._get_kv_cache_bytes_per_block takes no KVCacheLayout: "
-                    "kvconform's vLLM adapter sizes blocks per layout (vLLM 0.32.0-0.34.0)"
-                )
             return planner
     raise BackendUnavailable(
         f"vLLM {import_vllm().__version__} has no _get_kv_cache_bytes_per_block in vllm.v1.core.kv_cache_planning or "
         "kv_cache_utils: kvconform's vLLM adapter cannot size the worker's blocks (it knows vLLM 0.30.0-0.34.0)"
     )
+
+
+def cache_bytes_per_block(groups: list, member) -> int:
+    """The worker's bytes per block, called as that release's worker calls it: with the layout from
+    0.32.0 (it pads per layout), without one in 0.30.0-0.31.0 (kv_cache_utils.py:1768 in 0.31.0:
+    one size for every layout, the layout applied only to the strides)."""
+    sizing = cache_planner()._get_kv_cache_bytes_per_block
+    if len(inspect.signature(sizing).parameters) < 2:
+        return sizing(groups)
+    return sizing(groups, member)
 
 
 def worker_views(buffer: torch.Tensor, vspec, member, num_blocks: int, names: list[str], against: str, *, exact: bool = False) -> list:
@@ -96,7 +107,7 @@ def worker_views(buffer: torch.Tensor, vspec, member, num_blocks: int, names: li
     other than it holds: a spec that lays out every byte of the page)."""
     from vllm.v1.kv_cache_interface import KVCacheGroupSpec, KVCacheTensor, compute_layout_strides, create_kv_cache_views
 
-    bytes_per_block = cache_planner()._get_kv_cache_bytes_per_block([KVCacheGroupSpec(names, vspec)], member)
+    bytes_per_block = cache_bytes_per_block([KVCacheGroupSpec(names, vspec)], member)
     fixed_block = bytes_per_block if member.is_block_outermost else None
     layer_stride, block_stride, *_ = compute_layout_strides(vspec, num_blocks, len(names), member, fixed_strides=(None, fixed_block, None, None, None))
     size = bytes_per_block * num_blocks
@@ -354,7 +365,7 @@ class VllmBackend(Backend):
             self.validate_configuration(head_size=caps.head_sizes[0], dtype=caps.dtypes[0], kv_cache_dtype=caps.kv_cache_dtypes[0],
                                         block_size=caps.block_sizes[0], use_kv_connector=False)
         except OpUnavailable as exc:
-            return exc if COMPUTE_CAPABILITY_REJECTED in str(exc) else None
+            return exc if _rejects_hardware([str(exc)]) else None
         return None
 
     @staticmethod
@@ -395,7 +406,7 @@ class VllmBackend(Backend):
         reasons = list(self._call(self.backend_cls.validate_configuration, known))
         device = self._device_platform()
         beyond_connector = [r for r in reasons if r != CONNECTOR_NOT_SUPPORTED]
-        if COMPUTE_CAPABILITY_REJECTED in reasons or (self._foreign() and beyond_connector):
+        if _rejects_hardware(reasons) or (self._foreign() and beyond_connector):
             # A backend for other hardware (ROCm on an NVIDIA GPU, an SM120-only kernel on SM90):
             # vLLM never selects it here, so its validation here says nothing about the backend.
             raise OpUnavailable(

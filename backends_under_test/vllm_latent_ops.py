@@ -4,7 +4,7 @@ The ops are vLLM's own ``csrc/cache_kernels.cu`` registered under ``torch.ops._C
 vLLM's compiled extension where it is installed, else by the library
 tests/real_kernels_gpu/build_cache_ops.py builds from the sdist (``$KVCONFORM_VLLM_CACHE_OPS``).
 Each op is called with the arguments ``vllm/_custom_ops.py`` passes (int64 slot mappings, int32
-block tables and ``cu_seq_lens``, fp8 caches as uint8 tensors as vLLM allocates them); nothing here
+block tables and ``cu_seq_lens``, fp8 caches as the uint8 view vLLM's writers get); nothing here
 re-implements a kernel. No vLLM Python is needed: the adapter runs wherever the library loads on a
 CUDA GPU.
 
@@ -103,16 +103,20 @@ class VllmOpsMLA(Backend):
         raise NotImplementedError("vllm_ops:mla keeps latent caches only")
 
     def latent_allocate(self, buffer, spec: LatentSpec):
-        # vLLM allocates every fp8 cache (plain fp8, fp8_ds_mla, the indexer) as uint8 bytes.
-        dtype = spec.fmt.model_dtype if spec.fmt.kind == "mla" and spec.fmt.cache_dtype == "auto" else torch.uint8
-        return buffer.view(dtype).view(spec.geometry.shape())
+        # vLLM allocates every fp8 cache as uint8 bytes; a plain fp8 MLA cache is then read as the
+        # platform's fp8 dtype (MLAAttention.forward_impl's view), the dtype MLA-SHAPE names.
+        return buffer.view(spec.fmt.storage_dtype()).view(spec.geometry.shape())
 
     @staticmethod
     def _layer(cache: torch.Tensor, spec: LatentSpec) -> torch.Tensor:
-        return cache[spec.layer] if spec.geometry.num_layers > 1 else cache
+        """One layer's cache as vLLM's ops get it: fp8 caches as their uint8 bytes (the kernels check the dtype)."""
+        layer = cache[spec.layer] if spec.geometry.num_layers > 1 else cache
+        return layer.view(torch.uint8) if layer.element_size() == 1 else layer
 
     def latent_write(self, cache, kv_c, k_pe, slot_mapping, spec: LatentSpec, *, scale):
         kv_cache_dtype = "fp8_ds_mla" if spec.fmt.kind == "fp8_ds_mla" else spec.fmt.cache_dtype
+        # fp8_ds_mla computes its own tile scales; vLLM still passes the layer's k_scale (1.0).
+        scale = torch.ones(1) if scale is None else scale
         _ops().concat_and_cache_mla(kv_c, k_pe, self._layer(cache, spec), slot_mapping.to(torch.int64), kv_cache_dtype,
                                     scale.to(cache.device, torch.float32))
 
@@ -147,8 +151,7 @@ class VllmOpsMLA(Backend):
         block_bytes = src_spec.geometry.block_bytes()
         layers = range(src_spec.geometry.num_layers)
         for layer in layers:  # vLLM swaps per layer: each layer's cache is its own tensor
-            s = src[layer] if src_spec.geometry.num_layers > 1 else src
-            d = dst[layer] if dst_spec.geometry.num_layers > 1 else dst
+            s, d = (self._layer(c, LatentSpec(geometry=s.geometry, layer=layer)) for c, s in ((src, src_spec), (dst, dst_spec)))
             _ops().swap_blocks(s, d, block_bytes, mapping)
 
     def latent_copy(self, cache, block_mapping, spec: LatentSpec):

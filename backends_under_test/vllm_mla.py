@@ -250,6 +250,12 @@ class VllmMLABackend(VllmBackend):
         the adapter's limit."""
         try:
             yield
+        except RuntimeError as exc:
+            if " requires " not in str(exc):
+                raise
+            # vLLM's own refusal to build this impl on this machine (FLASHINFER_MLA_SPARSE_SM120 without
+            # FlashInfer's sparse MLA API: the selector, validate_configuration, would not pick it either).
+            raise OpUnavailable(f"vLLM refuses to build {self.vllm_name}'s impl here: {exc}", who="this machine") from exc
         except (AttributeError, TypeError, AssertionError) as exc:
             if _unavailable(exc) is not None:  # a machine's reason: _real_code_path names it
                 raise

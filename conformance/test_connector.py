@@ -21,7 +21,7 @@ from kvconform.reference import compat
 from kvconform import reference as R
 
 from .harness import interop
-from .harness.applicability import DECLARATION, NotApplicable, NotApplicableHere
+from .harness.applicability import undeclared
 from .harness.assertions import ConformanceFailure, assert_equal, assert_offsets_equal, describe
 from .harness.connector import (
     LAYERS, allocate_shard, assert_regions_cover_exactly, assert_regions_disjoint, assert_shards_equal, cache_origin, model_kv,
@@ -36,17 +36,13 @@ TP_CHANGES = [(1, 2), (2, 1), (1, 4), (4, 1), (2, 4), (3, 2)]  # 3→2 over 6 he
 BLOCK_SIZE_CHANGES = [(16, 32), (32, 16)]
 
 
-def not_declared(case, what: str) -> NotApplicableHere:
-    return NotApplicableHere(NotApplicable(DECLARATION, f"backend {case.backend.name}", what))
-
-
 def model_geometry(case, **sizes) -> R.Geometry:
     """A small L = 3 geometry inside the declared capabilities (see Case.geometry)."""
     g = case.geometry(num_layers=LAYERS, **sizes)
     try:
         case.layout.validate(dataclasses.replace(g, num_layers=1))
     except ValueError as exc:
-        raise not_declared(case, f"declares no geometry layout {case.layout.alias} holds here: {exc}") from exc
+        raise undeclared(case.backend, f"declares no geometry layout {case.layout.alias} holds here: {exc}") from exc
     return g
 
 
@@ -72,7 +68,7 @@ def test_block_regions_cover_exactly_the_requested_blocks(case):
 def test_head_slice_regions_cover_exactly_the_requested_heads(case, data):
     choices = [c for c in geometry_choices(case) if c[2].num_kv_heads >= 2]
     if not choices:
-        raise not_declared(case, "declares no num_kv_heads >= 2 to slice")
+        raise undeclared(case.backend, "declares no num_kv_heads >= 2 to slice")
     model_dtype, kv_dtype, g = data.draw(st.sampled_from(choices), label="model dtype, kv_cache_dtype, geometry")
     g = dataclasses.replace(g, num_layers=LAYERS, num_blocks=data.draw(st.integers(3, 6), label="num_blocks"))
     start = data.draw(st.integers(0, g.num_kv_heads - 1), label="first head")
@@ -107,7 +103,7 @@ def assert_wire_equal(case, expected: R.connector.Wire, actual: R.connector.Wire
 @pytest.mark.parametrize("kv_cache_dtype", KV_CACHE_DTYPES)
 def test_exported_blocks_import_bit_for_bit(case, kv_cache_dtype):
     if kv_cache_dtype not in case.backend.capabilities.kv_cache_dtypes:
-        raise not_declared(case, f"does not declare kv_cache_dtype {kv_cache_dtype}")
+        raise undeclared(case.backend, f"does not declare kv_cache_dtype {kv_cache_dtype}")
     g = model_geometry(case, kv_cache_dtype=kv_cache_dtype, num_blocks=7)
     source = allocate_shard(case, case.layout, g, kv_cache_dtype=kv_cache_dtype)
     src_ids, dst_ids = block_ids(g, 3, case.seed).tolist(), block_ids(g, 3, case.seed + 1).tolist()
@@ -132,7 +128,7 @@ def test_exported_head_ranges_import_bit_for_bit(case, data):
     # the same width (as a resharding consumer receives it), on a drawn declared geometry.
     choices = [c for c in geometry_choices(case) if c[2].num_kv_heads >= 2]
     if not choices:
-        raise not_declared(case, "declares no num_kv_heads >= 2 to slice")
+        raise undeclared(case.backend, "declares no num_kv_heads >= 2 to slice")
     model_dtype, kv_dtype, g = data.draw(st.sampled_from(choices), label="model dtype, kv_cache_dtype, geometry")
     g = dataclasses.replace(g, num_layers=LAYERS, num_blocks=data.draw(st.integers(3, 6), label="num_blocks"))
     start = data.draw(st.integers(0, g.num_kv_heads - 1), label="first head")
@@ -185,7 +181,7 @@ def test_a_wire_of_another_dtype_is_refused_or_converted_exactly(case):
     cache_dtypes = {case.backend.cache_dtype(k, caps.dtypes[0]): k for k in caps.kv_cache_dtypes if k != "auto"}
     pairs = [(w, c) for c in cache_dtypes for w in R.fp8.FP8_DTYPES if w != c]
     if not pairs:
-        raise not_declared(case, "declares no fp8 kv_cache_dtype: no wire of another fp8 format to import")
+        raise undeclared(case.backend, "declares no fp8 kv_cache_dtype: no wire of another fp8 format to import")
     for number, (wire_dtype, cache_dtype) in enumerate(pairs):
         kv_dtype = cache_dtypes[cache_dtype]
         g = model_geometry(case, kv_cache_dtype=kv_dtype, num_blocks=5)
@@ -266,7 +262,7 @@ def test_resharding_gives_every_consumer_rank_exactly_its_heads(case, mode):
     target_layout = consumer_layout(case, mode)
     changes = [(p, c, model_heads(case, p, c)) for p, c in TP_CHANGES]
     if all(total is None for _, _, total in changes):
-        raise not_declared(case, f"declares no num_kv_heads that splits over any of the TP changes {TP_CHANGES}")
+        raise undeclared(case.backend, f"declares no num_kv_heads that splits over any of the TP changes {TP_CHANGES}")
     for producer_tp, consumer_tp, total in changes:
         if total is None:
             continue
@@ -295,7 +291,7 @@ def test_block_size_translation_keeps_every_token(case, sizes):
     producer_n, consumer_n = sizes
     caps = case.backend.capabilities
     if not set(sizes) <= set(caps.block_sizes):
-        raise not_declared(case, f"does not declare block sizes {producer_n} and {consumer_n}")
+        raise undeclared(case.backend, f"does not declare block sizes {producer_n} and {consumer_n}")
     tokens = 2 * max(sizes) + 5  # a partial last block on both sides
     head_size = next((d for d in caps.head_sizes if d not in sizes), caps.head_sizes[0])
     gp, gc = (model_geometry(case, block_size=n, head_size=head_size, num_blocks=-(-tokens // n) + 3) for n in sizes)
@@ -329,7 +325,7 @@ def hybrid_groups(case) -> list[dict]:
         except ValueError:
             continue
     if len(usable) < 2:
-        raise not_declared(case, f"declares one head size its layout {case.layout.alias} holds; a hybrid model needs two")
+        raise undeclared(case.backend, f"declares one head size its layout {case.layout.alias} holds; a hybrid model needs two")
     fp8 = next((k for k in caps.kv_cache_dtypes if k != "auto"), None)
     heads = sorted(caps.num_kv_heads)
     second = dict(kv_cache_dtype=fp8, model_dtype=caps.dtypes[0]) if fp8 else dict(kv_cache_dtype="auto", model_dtype=caps.dtypes[-1])

@@ -8,7 +8,7 @@ import torch
 from kvconform import reference as R
 from kvconform.reports.equivalence import compare_entries
 
-from .harness.applicability import RUN, NotApplicable, NotApplicableHere
+from .harness.applicability import no_digest_for
 from .harness.assertions import ConformanceFailure, assert_bytes_equal, describe
 from .harness.diagnosis import WriteInputs
 from .harness.equivalence import CASES, digest_record, golden_key, inputs, load_golden, scales, written_blocks
@@ -91,7 +91,7 @@ def test_digests_equal_the_exported_run(case, golden_case, exported_digests):
     exported = exported_digests
     theirs = [e for e in exported["entries"] if e["case"] == golden_case.name and e["layout"] == record["layout"]]
     if not theirs:
-        raise NotApplicableHere(NotApplicable(RUN, f"--kvc-compare-digests {exported['path']}", f"has no {record['layout']} digest for {golden_case.name}"))
+        raise no_digest_for(exported["path"], record["layout"], golden_case.name)
     for entry in theirs:
         verdict = compare_entries(record, entry)
         if verdict is not None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from kvconform.backends_under_test.latent_contract import LatentSpec
 
-from .harness.applicability import DECLARATION, NotApplicable, NotApplicableHere
+from .harness.applicability import undeclared
 from .harness.latent import (
     LatentArena,
     allocate,
@@ -32,8 +32,7 @@ pytestmark = [pytest.mark.equivalence, pytest.mark.kvc_layouts("latent")]
 def test_golden_records_hash_to_the_stored_digest_of_their_format(case, latent_format):
     fmt, golden = latent_format.fmt, load()
     if fmt.label() not in golden or BLOCK_SIZE not in case.backend.capabilities.latent.block_sizes:
-        raise NotApplicableHere(NotApplicable(DECLARATION, f"backend {case.backend.name}",
-                                              f"declares {fmt.label()} at block sizes {case.backend.capabilities.latent.block_sizes}: no golden digest of it at N={BLOCK_SIZE}"))
+        raise undeclared(case.backend, f"declares {fmt.label()} at block sizes {case.backend.capabilities.latent.block_sizes}: no golden digest of it at N={BLOCK_SIZE}")
     spec = LatentSpec(geometry=golden_geometry(fmt))
     arena = allocate(case, spec, zero=True)
     rows, slots = golden_inputs(fmt)

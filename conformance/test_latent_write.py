@@ -11,7 +11,7 @@ from kvconform.reference import latent_records
 
 from kvconform import reference as R
 
-from .harness.applicability import DECLARATION, NotApplicable, NotApplicableHere
+from .harness.applicability import undeclared
 from .harness.latent import (
     allocate,
     assert_latent_bytes_equal,
@@ -165,7 +165,7 @@ def test_last_block_of_a_latent_cache_past_2_31_bytes_is_written(case, latent_fo
 def test_grouped_writer_writes_each_layer_from_its_own_rows_and_slots(case, latent_format):
     fmt = latent_format.fmt
     if fmt.model_dtype != torch.bfloat16:  # MLA-GROUPED: the grouped writer takes bf16 inputs only
-        raise NotApplicableHere(NotApplicable(DECLARATION, f"backend {case.backend.name}", f"declares {fmt.label()}: the grouped writer takes bfloat16 inputs only"))
+        raise undeclared(case.backend, f"declares {fmt.label()}: the grouped writer takes bfloat16 inputs only")
     spec = latent_spec(case, fmt, num_blocks=4)
     N = spec.geometry.block_size
     arenas = [allocate(case, spec, seed_offset=layer) for layer in range(3)]

@@ -30,6 +30,7 @@ def test_decode_equals_sdpa_on_the_reference_dequantised_kv(case, mode, order, g
     arena, expected = Q.write_and_compare(case, spec, key, value, slots)
     query = torch.randn(2, g.num_kv_heads * group, g.head_size, generator=torch.Generator().manual_seed(case.seed)).to(spec.model_dtype)
     scale = g.head_size ** -0.5
-    want = QC.paged_decode(query, Q.region_of(expected, g), g, block_table, seq_lens, scale=scale, k_scale=spec.k_scale, v_scale=spec.v_scale)
+    want = QC.paged_decode(query, Q.region_of(expected, g), g, block_table, seq_lens, scale=scale, k_scale=spec.k_scale, v_scale=spec.v_scale,
+                           **Q.platform_of(case))
     got = case.backend.quant_decode(arena.cache, query.to(case.device), block_table.to(case.device), seq_lens.to(case.device), spec, scale=scale)
     assert_close("quant decode", case, want.float(), got.float().cpu(), atol=TOLERANCE, rtol=TOLERANCE, dims=("seq", "qhead", "dim"))

@@ -186,6 +186,7 @@ def verify_submission(bundle: str, rerun: int = 0, public_key: str | None = None
     import os
 
     from kvconform import receiver
+    from kvconform.conformance.harness import canary
     from kvconform.conformance.plugin.collection import must_pass
     from kvconform.reports import submission
     from kvconform.reports.terminal import printable
@@ -194,7 +195,7 @@ def verify_submission(bundle: str, rerun: int = 0, public_key: str | None = None
         print(f"kvconform verify-submission: --rerun {rerun}: expected a count of tests (0 or more)", file=sys.stderr)
         return 2
     given, bundle = bundle, os.path.abspath(bundle)  # the rerun runs in a scratch directory: a relative path means the caller's
-    problems = submission.verify(bundle, must_pass(), collect=receiver.collect)
+    problems = submission.verify(bundle, must_pass(), collect=receiver.collect, canary=canary.bundle_problems)
     if public_key:
         from kvconform import signing
 

@@ -9,6 +9,9 @@ first mismatch in one sentence. :func:`execute` runs a plan with the reference o
 
     kvconform compat producer.json consumer.json      (or: python -m kvconform.compat …)
 
+A descriptor without a ``cache`` section describes a K/V cache; with one, a latent (MLA) cache or a
+quantised cache with its scales in the page (:mod:`kvconform.reference.compat_caches`).
+
 A descriptor file holds one descriptor or a list of them (one per TP rank). This module needs
 only the rest of the reference (and torch); a connector imports it as ``kvconform.compat``, without the test suite.
 """
@@ -27,7 +30,10 @@ from collections import Counter
 import torch
 
 from kvconform.reference import Geometry, Layout, bits_dtype, fp8, offset_map
+from kvconform.reference import compat_caches as caches
 from kvconform.reference import connector as conn
+from kvconform.reference import latent
+from kvconform.reference import quant_layouts as QL
 from kvconform.errors import InputError
 
 SCHEMA = "kvconform-layout/1"
@@ -74,6 +80,42 @@ def describe(layout: Layout, g: Geometry, *, tp_rank: int = 0, tp_size: int = 1,
     return descriptor
 
 
+def describe_latent(geometry: latent.LatentGeometry, *, tp_rank: int = 0, tp_size: int = 1, k_scale: float | None = None,
+                    **identity) -> dict:
+    """The descriptor of one rank's latent cache (a replica: no heads). ``k_scale``: the plain MLA
+    fp8 cache's per-tensor scale (default 1.0 there; None on every other format)."""
+    fmt = geometry.fmt
+    fp8_entries = fmt.kind == "mla" and fmt.cache_dtype != "auto"
+    descriptor = {
+        "schema": SCHEMA, **identity, "cache": caches.latent_section(fmt), "kv_cache_dtype": fmt.cache_dtype,
+        "k_scale": float(1.0 if k_scale is None else k_scale) if fp8_entries else None, "v_scale": None,
+        "num_layers": geometry.num_layers, "num_blocks": geometry.num_blocks, "block_size": geometry.block_size,
+        "tp_rank": tp_rank, "tp_size": tp_size,
+    }
+    parse(descriptor)
+    return descriptor
+
+
+def describe_quant(g: QL.QuantGeometry, *, tp_rank: int = 0, tp_size: int = 1, total_kv_heads: int | None = None,
+                   k_scale: float | None = None, v_scale: float | None = None, v_scales: str = "swizzled",
+                   platform: str = "cpu", arch: str = "", **identity) -> dict:
+    """The descriptor of one rank's quantised cache (``g.num_kv_heads`` = this rank's heads).
+    ``v_scales``: where nvfp4's V block scales are (``swizzled``, NVFP4-SWIZZLE, vLLM's SM100
+    writer; ``linear``, FlashInfer's writer on SM90); ``platform``/``arch`` decide fp8 codes."""
+    nvfp4 = g.mode == QL.NVFP4
+    descriptor = {
+        "schema": SCHEMA, **identity, "platform": platform, "arch": arch,
+        "cache": caches.quant_section(g.mode, g.order, caches.quant_codes(g.mode, platform, arch), v_scales), "kv_cache_dtype": g.mode,
+        "k_scale": float(1.0 if k_scale is None else k_scale) if nvfp4 else None,
+        "v_scale": float(1.0 if v_scale is None else v_scale) if nvfp4 else None,
+        "num_layers": g.num_layers, "num_blocks": g.num_blocks, "block_size": g.block_size,
+        "num_kv_heads": g.num_kv_heads, "head_size": g.head_size,
+        "total_kv_heads": total_kv_heads or g.num_kv_heads * tp_size, "tp_rank": tp_rank, "tp_size": tp_size,
+    }
+    parse(descriptor)
+    return descriptor
+
+
 def _strides(layout: Layout, g: Geometry, kv: int) -> dict[str, int]:
     strides = layout.strides(g, kv)
     return {symbol: strides[symbol] for symbol in (layout.v_dims if kv else layout.k_dims)}
@@ -108,6 +150,12 @@ class Endpoint:
 
     def scale(self, kv: int) -> float:
         return self.v_scale if kv else self.k_scale
+
+    def cache_text(self) -> str:
+        return "a K/V cache"
+
+
+AnyEndpoint = Endpoint | caches.LatentEndpoint | caches.QuantEndpoint
 
 
 def _integer(d: dict, name: str, source: str, smallest: int = 1) -> int:
@@ -146,17 +194,20 @@ def _scale(d: dict, name: str, fp8_cache: bool, source: str) -> float:
     return float(value)
 
 
-def parse(d: dict, source: str = "descriptor") -> Endpoint:
+def parse(d: dict, source: str = "descriptor") -> AnyEndpoint:
     """Validate a descriptor and build its reference layout; DescriptorError names what is wrong.
 
     Schema: the fields of docs/CONNECTOR.md, integers positive and bounded (``LIMITS``), every
     side's dims addressing each logical coordinate exactly once (one K/V dimension ``2``), dense
     strides, K and V elements at distinct addresses, finite positive scales on fp8 caches (null
-    on others), and ``num_kv_heads`` what the rank holds of ``total_kv_heads``."""
+    on others), and ``num_kv_heads`` what the rank holds of ``total_kv_heads``. A descriptor with
+    a ``cache`` section is validated by :func:`compat_caches.parse_section` instead of the K/V fields."""
     if not isinstance(d, dict):
         raise DescriptorError(f"{source}: a descriptor is a JSON object, got {type(d).__name__}")
     if d.get("schema") != SCHEMA:
         raise DescriptorError(f"{source}: schema {d.get('schema')!r} is not {SCHEMA!r}; produce it with this kvconform version")
+    if d.get("cache") is not None:
+        return _parse_section(d, source)
     missing = [f for f in REQUIRED if f not in d]
     if missing:
         raise DescriptorError(f"{source}: missing field(s) {', '.join(missing)}")
@@ -197,6 +248,31 @@ def parse(d: dict, source: str = "descriptor") -> Endpoint:
     scales = [_scale(d, name, is_fp8, source) for name in ("k_scale", "v_scale")]
     label = d.get("label") or " ".join(str(x) for x in (d.get("backend"), d.get("layout") or layout.name) if x)
     return Endpoint(layout, g, ints["tp_rank"], ints["tp_size"], ints["total_kv_heads"], scales[0], scales[1], str(label))
+
+
+SECTION_REQUIRED = ("schema", "cache", "num_layers", "num_blocks", "block_size", "tp_rank", "tp_size")
+
+
+def _parse_section(d: dict, source: str) -> caches.LatentEndpoint | caches.QuantEndpoint:
+    missing = [f for f in SECTION_REQUIRED if f not in d]
+    if missing:
+        raise DescriptorError(f"{source}: missing field(s) {', '.join(missing)}")
+    ints = {f: _integer(d, f, source) for f in ("num_layers", "num_blocks", "block_size", "tp_size")}
+    ints["tp_rank"] = _integer(d, "tp_rank", source, smallest=0)
+    ints |= {f: _integer(d, f, source) for f in caches.HEAD_FIELDS if d.get(f) is not None}
+    if ints["tp_rank"] >= ints["tp_size"]:
+        raise DescriptorError(f"{source}: tp_rank {ints['tp_rank']} is not a rank of tp_size {ints['tp_size']}")
+    try:
+        endpoint = caches.parse_section(d, ints)
+        heads = endpoint.heads if isinstance(endpoint, caches.QuantEndpoint) else None
+    except ValueError as exc:
+        raise DescriptorError(f"{source}: {exc}") from exc
+    if endpoint.geometry.nbytes() > MAX_CACHE_BYTES:
+        raise DescriptorError(f"{source}: the cache would span {endpoint.geometry.nbytes()} bytes, past the {MAX_CACHE_BYTES} a descriptor may describe")
+    if heads is not None and len(heads) != ints["num_kv_heads"]:
+        raise DescriptorError(f"{source}: tp_rank {ints['tp_rank']} of {ints['tp_size']} holds {len(heads)} of the "
+                              f"{ints['total_kv_heads']} KV heads, but num_kv_heads is {ints['num_kv_heads']}")
+    return endpoint
 
 
 def _check_distinct_addresses(layout: Layout, g: Geometry, source: str) -> None:
@@ -254,11 +330,14 @@ def load(path: str, role: str | None = None) -> list[dict]:
     return descriptors
 
 
-def check_group(endpoints: list[Endpoint], source: str, complete: bool) -> None:
+def check_group(endpoints: list[AnyEndpoint], source: str, complete: bool) -> None:
     """Ranks of one TP group, each once (and, when ``complete``, every rank of it)."""
     first = endpoints[0]
     for e in endpoints[1:]:
-        if (e.tp_size, e.total_kv_heads) != (first.tp_size, first.total_kv_heads):
+        if type(e) is not type(first):
+            raise DescriptorError(f"{source}: rank {e.tp_rank} describes {e.cache_text()}, rank {first.tp_rank} "
+                                  f"{first.cache_text()}: one file describes one TP group")
+        if (e.tp_size, _model_heads(e)) != (first.tp_size, _model_heads(first)):
             raise DescriptorError(f"{source}: rank {e.tp_rank} is of TP {e.tp_size} over {e.total_kv_heads} KV heads, rank "
                                   f"{first.tp_rank} of TP {first.tp_size} over {first.total_kv_heads}: one file describes one TP group")
     ranks = Counter(e.tp_rank for e in endpoints)
@@ -267,11 +346,17 @@ def check_group(endpoints: list[Endpoint], source: str, complete: bool) -> None:
         raise DescriptorError(f"{source}: rank(s) {twice} described more than once")
     missing = [r for r in range(first.tp_size) if r not in ranks]
     if complete and missing:
-        orphans = sorted({h for r in missing for h in conn.rank_heads(first.total_kv_heads, first.tp_size, r)} -
-                         {h for e in endpoints for h in e.heads})
+        total = _model_heads(first)
+        orphans = [] if total is None else sorted({h for r in missing for h in conn.rank_heads(total, first.tp_size, r)} -
+                                                  {h for e in endpoints if not isinstance(e, caches.LatentEndpoint) for h in e.heads})
         lost = f": model heads {orphans} would have no source" if orphans else ""
         raise DescriptorError(f"{source}: the producer is TP {first.tp_size}, but rank(s) {missing} are not described{lost}; "
                               f"describe every producer rank (a list, one per rank)")
+
+
+def _model_heads(e: AnyEndpoint) -> int | None:
+    """The model's KV heads (None for a latent cache: replicated, no heads)."""
+    return None if isinstance(e, caches.LatentEndpoint) else e.total_kv_heads
 
 
 # ----------------------------------------------------------------------------- verdicts
@@ -300,16 +385,19 @@ class Plan:
         """No conversion at all: the consumer receives the producer's bytes."""
         return self.mode == "regions"
 
+    @property
+    def sends(self) -> bool:
+        """This producer rank contributes heads to this consumer rank."""
+        return bool(self.slices)
+
     def lines(self) -> list[str]:
         out = []
         for s in self.slices:
-            p, c = s.producer_heads, s.consumer_heads
             regions = ""
             if self.mode == "regions":
-                count = len(conn.byte_regions(self.producer.layout, self.producer.geometry, [0], p))
+                count = len(conn.byte_regions(self.producer.layout, self.producer.geometry, [0], s.producer_heads))
                 regions = f", {count} region{'s' if count != 1 else ''} per block"
-            out.append(f"heads {p.start}..{p.stop - 1} of producer rank {self.producer.tp_rank} → heads {c.start}..{c.stop - 1} "
-                       f"of consumer rank {self.consumer.tp_rank} ({self.mode}{regions})")
+            out.append(f"{s.text(self.consumer.tp_rank)} ({self.mode}{regions})")
         if not self.slices:
             out.append(self._nothing_to_send())
         out += [f"convert: {c}" for c in self.conversions]
@@ -331,15 +419,15 @@ class Plan:
 class Verdict:
     compatible: bool
     reason: str | None = None  # the first mismatch, one sentence
-    kind: str | None = None  # what mismatched: layers | head_size | heads | dtype
-    plan: Plan | None = None
+    kind: str | None = None  # what mismatched: layers | head_size | heads | dtype | cache (a cache section field: its name)
+    plan: Plan | caches.LatentPlan | caches.QuantPlan | None = None
 
     @property
     def summary(self) -> str:
         if not self.compatible:
             return f"incompatible: {self.reason}"
         assert self.plan is not None  # a compatible verdict carries its plan (check)
-        if not self.plan.slices:
+        if not self.plan.sends:
             return "compatible: nothing to send"
         return "compatible: identical bytes" if self.plan.identical else f"compatible: converted ({', '.join(self.plan.steps)})"
 
@@ -355,19 +443,20 @@ class Verdict:
 def check(producer: dict, consumer: dict) -> Verdict:
     """May the producer rank's blocks land, exactly, in the consumer rank? (the first mismatch, or the plan)"""
     p, c = parse(producer, "producer"), parse(consumer, "consumer")
+    if not (isinstance(p, Endpoint) and isinstance(c, Endpoint)):
+        return _check_sections(p, c)
     gp, gc = p.geometry, c.geometry
     if gp.num_layers != gc.num_layers:
         return Verdict(False, f"the producer's cache holds {gp.num_layers} layers, the consumer's {gc.num_layers}", "layers")
-    if gp.head_size != gc.head_size:
-        return Verdict(False, f"head_size {gp.head_size} (producer) differs from {gc.head_size} (consumer): a head has no counterpart", "head_size")
-    if p.total_kv_heads != c.total_kv_heads:
-        return Verdict(False, f"the producer's model has {p.total_kv_heads} KV heads, the consumer's {c.total_kv_heads}", "heads")
+    mismatch = caches.heads_mismatch(p, c)
+    if mismatch:
+        return Verdict(False, *mismatch)
     ratios = (value_ratio(p.k_scale, c.k_scale), value_ratio(p.v_scale, c.v_scale))
     for kv, ratio in enumerate(ratios):
         code = conn.inexact_code(gp.dtype, gc.dtype, ratio)
         if code is not None:
             return Verdict(False, _inexact_reason(p, c, kv, ratio, code), "dtype")
-    slices = tuple(s for s in conn.head_slices(p.total_kv_heads, p.tp_size, c.tp_size, c.tp_rank) if s.producer_rank == p.tp_rank)
+    slices = caches.producer_slices(p, c)
     steps = {}
     if (p.layout.k_dims, p.layout.v_dims) != (c.layout.k_dims, c.layout.v_dims):
         steps["layout"] = f"layout {p.layout.name} → {c.layout.name}"
@@ -377,6 +466,16 @@ def check(producer: dict, consumer: dict) -> Verdict:
         steps["re-block"] = f"re-block {gp.block_size} → {gc.block_size} tokens per block"
     mode = "wire" if steps else "regions"
     return Verdict(True, plan=Plan(p, c, slices, mode, tuple(steps), tuple(steps.values()), ratios, engine_limits(p, c)))
+
+
+def _check_sections(p: AnyEndpoint, c: AnyEndpoint) -> Verdict:
+    """A latent or quantised cache on either side: the same kind of cache, then its section's rules."""
+    if type(p) is not type(c) or isinstance(p, Endpoint) or isinstance(c, Endpoint):
+        return Verdict(False, f"the producer's cache is {p.cache_text()}, the consumer's {c.cache_text()}: their bytes mean different things", "cache")
+    judged = caches.judge(p, c)
+    if isinstance(judged, caches.Refusal):
+        return Verdict(False, judged.reason, judged.kind)
+    return Verdict(True, plan=judged)
 
 
 def value_ratio(producer_scale: float, consumer_scale: float) -> float:
@@ -432,14 +531,18 @@ def check_ranks(producers: list[dict], consumers: list[dict]) -> list[list[Verdi
 
 
 # ----------------------------------------------------------------------------- executing a plan
-def execute(plan: Plan, producer_storage: torch.Tensor, producer_blocks, consumer_storage: torch.Tensor, consumer_blocks,
-            num_tokens: int | None = None) -> None:
+def execute(plan: Plan | caches.LatentPlan | caches.QuantPlan, producer_storage: torch.Tensor, producer_blocks,
+            consumer_storage: torch.Tensor, consumer_blocks, num_tokens: int | None = None) -> None:
     """Move the plan's heads of ``producer_blocks`` into ``consumer_blocks`` with the reference ops.
 
     Regions mode ships whole blocks (block ``producer_blocks[i]`` → ``consumer_blocks[i]``);
     wire mode ships the first ``num_tokens`` tokens of the sequence (default: every token of
-    the producer's blocks), re-blocked into the consumer's block table.
+    the producer's blocks), re-blocked into the consumer's block table. Latent and quantised
+    caches' plans execute themselves (``compat_caches``).
     """
+    if not isinstance(plan, Plan):
+        plan.execute(producer_storage, producer_blocks, consumer_storage, consumer_blocks, num_tokens)
+        return
     p, c = plan.producer, plan.consumer
     for s in plan.slices:
         if plan.mode == "regions":

@@ -58,6 +58,11 @@ class HeadSlice:
     producer_heads: range
     consumer_heads: range
 
+    def text(self, consumer_rank: int) -> str:
+        """``heads 0..1 of producer rank 1 → heads 2..3 of consumer rank 0``: a plan's line for it."""
+        return (f"heads {_span(self.producer_heads)} of producer rank {self.producer_rank} → heads {_span(self.consumer_heads)} "
+                f"of consumer rank {consumer_rank}")
+
 
 def paired_rank(producer_tp: int, consumer_tp: int, consumer_rank: int) -> int:
     """The producer rank vLLM pairs consumer rank ``d`` with first: ``⌊d·P/D⌋`` — the one rank

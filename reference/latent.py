@@ -112,6 +112,12 @@ def encode_mla_entries(kv_c: torch.Tensor, k_pe: torch.Tensor, fmt: LatentFormat
     return entries.contiguous().view(torch.uint8)
 
 
+def _put(region: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> None:
+    """``region[index] = values`` wherever the region lives (a device probe's twin, a host cache):
+    the bytes are computed on the inputs' device and moved."""
+    region[index.to(region.device)] = values.to(region.device)
+
+
 def concat_and_cache_mla(kv_c, k_pe, region, geom: LatentGeometry, slot_mapping, *, scale, layer: int = 0) -> None:
     """Write ``kv_c[t] ‖ k_pe[t]`` to slot ``slot_mapping[t]`` for ``t < len(slot_mapping)`` (MLA-WRITE-SLOT)."""
     _check_kind(geom, "mla", op="concat_and_cache_mla")
@@ -122,7 +128,7 @@ def concat_and_cache_mla(kv_c, k_pe, region, geom: LatentGeometry, slot_mapping,
     kv_c = _rows(kv_c, "kv_c", T, fmt.kv_lora_rank, fmt.model_dtype)
     k_pe = _rows(k_pe, "k_pe", T, fmt.rope_dim, fmt.model_dtype)
     entries = encode_mla_entries(kv_c[token], k_pe[token], fmt, scale)
-    region[field_offsets(geom, blocks, rows, layer)["latent"]] = entries
+    _put(region, field_offsets(geom, blocks, rows, layer)["latent"], entries)
 
 
 def concat_and_cache_ds_mla(kv_c, k_pe, region, geom: LatentGeometry, slot_mapping, *, policy: ScalePolicy | None = None,
@@ -138,7 +144,7 @@ def concat_and_cache_ds_mla(kv_c, k_pe, region, geom: LatentGeometry, slot_mappi
     kv_c = _rows(kv_c, "kv_c", T, DS_MLA_RANK, fmt.model_dtype)
     k_pe = _rows(k_pe, "k_pe", T, (DS_MLA_ROPE, 0), fmt.model_dtype)
     records = ds_mla_records(kv_c[token], k_pe[token], policy, fmt.e4m3)
-    region[record_offsets(geom, blocks, rows, layer)] = records
+    _put(region, record_offsets(geom, blocks, rows, layer), records)
 
 
 def indexer_k_quant_and_cache(k, region, geom: LatentGeometry, slot_mapping, *, policy: ScalePolicy | None = None,
@@ -156,8 +162,8 @@ def indexer_k_quant_and_cache(k, region, geom: LatentGeometry, slot_mapping, *, 
     k = _rows(k, "k", T, fmt.kv_lora_rank, fmt.model_dtype)
     codes, scale_bytes = indexer_quantize(k[token], policy, fmt.scale_format, fmt.e4m3)
     offsets = field_offsets(geom, blocks, rows, layer)
-    region[offsets["values"]] = codes
-    region[offsets["scales"]] = scale_bytes
+    _put(region, offsets["values"], codes)
+    _put(region, offsets["scales"], scale_bytes)
 
 
 def concat_and_cache_mla_grouped(kv_cs, k_pes, regions, geoms, slot_mappings, *, scales) -> None:
@@ -327,7 +333,7 @@ def swap_latent_blocks(src_region, src_geom: LatentGeometry, dst_region, dst_geo
     if torch.unique(dst).numel() != dst.numel():
         raise ValueError(f"dst_ids repeat: {dst.tolist()}")
     values = src_region[_block_bytes_index(src_geom, src)]
-    dst_region[_block_bytes_index(dst_geom, dst)] = values
+    _put(dst_region, _block_bytes_index(dst_geom, dst), values)
 
 
 # ---------------------------------------------------------------------------------------------

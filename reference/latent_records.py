@@ -64,11 +64,13 @@ class ScalePolicy:
     def scales(self, amax: torch.Tensor) -> torch.Tensor:
         """float32 scales for float32 ``amax`` values (any shape)."""
         amax = amax.float()
-        floor = torch.tensor(self.floor, dtype=torch.float32)
+        # The divisor as a tensor on amax's device: CUDA torch divides by a Python scalar as a
+        # product with its reciprocal, not the kernels' IEEE division (1 ulp off in some scales).
+        floor, divisor = (torch.tensor(v, dtype=torch.float32, device=amax.device) for v in (self.floor, self.divisor))
         if self.floor_applies_to == "scale":
-            scale = torch.maximum(amax / self.divisor, floor)
+            scale = torch.maximum(amax / divisor, floor)
         else:
-            scale = torch.maximum(amax, floor) / self.divisor
+            scale = torch.maximum(amax, floor) / divisor
         if self.pow2:
             scale = torch.exp2(torch.ceil(torch.log2(scale)))
         return scale

@@ -106,8 +106,10 @@ def encode(x: torch.Tensor, mode: str, platform: str = "cpu", arch: str = "") ->
     xf = x.float()
     qmax = quant_max(mode, platform, arch)
     amax = xf.abs().amax(dim=-1)
-    scale = torch.clamp_min(amax / torch.tensor(qmax, dtype=torch.float32), SCALE_FLOOR)
-    y = xf * (torch.tensor(1.0, dtype=torch.float32) / scale)[..., None]
+    # Divisors as tensors on x's device: CUDA torch divides by a CPU scalar as a product with its
+    # reciprocal (not IEEE division; 1 ulp off in some scales), which vLLM's kernel does not.
+    scale = torch.clamp_min(amax / torch.tensor(qmax, dtype=torch.float32, device=xf.device), SCALE_FLOOR)
+    y = xf * (torch.tensor(1.0, dtype=torch.float32, device=xf.device) / scale)[..., None]
     if mode == "int8_per_token_head":
         y = torch.where(y >= 0, y + 0.5, y - 0.5).clamp(INT8_MIN, INT8_MAX)
         codes = y.trunc().to(torch.int8)

@@ -29,7 +29,7 @@ def load(path: str) -> dict:
 
 def check_distinct_columns(documents: list[dict], sources: list[str]) -> None:
     """Refuse runs that share a column: merged, their records would double that column's counts."""
-    owner = {}
+    owner: dict[str, str] = {}  # column -> the source that holds it
     for document, source in zip(documents, sources):
         for column in dict.fromkeys(column_of(r) for r in document["tests"]):
             if column in owner:

@@ -121,7 +121,8 @@ def check_of(record: dict) -> str:
 def build(documents: list[dict], columns=None) -> Coverage:
     """The coverage of these runs; ``columns`` (backend@platform) limits the holes looked for."""
     rows: dict = defaultdict(Row)
-    declared, families_run = {}, defaultdict(set)
+    declared: dict[str, dict] = {}  # column -> what its backend declared
+    families_run: defaultdict[str, set[str]] = defaultdict(set)
     clauses: dict = defaultdict(Counter)
     for document in documents:
         backends = document["environment"].get("backends", {})
@@ -190,13 +191,13 @@ def holes_of(coverage: Coverage, column: str) -> list[Hole]:
             held = facts.get("layout_cache_dtypes", {})  # what each layout can hold of the declared dtypes
             found += [Hole(column, family, f"no case of {label} on {layout}")
                       for layout in layouts for label in held.get(layout, facts["cache_dtypes"]) if (label, layout) not in present]
-        sizes = Counter()
+        sizes: Counter[str] = Counter()
         for _, row in mine:
             sizes.update(row.sizes)
         found += [Hole(column, family, f"no case in size class {name}") for name in need.sizes if name in facts["size_classes"] and not sizes[name]]
         if need.values:
             for label in (lab for lab in facts["cache_dtypes"] if is_fp8_label(lab)):
-                values = Counter()
+                values: Counter[str] = Counter()
                 for key, row in mine:
                     if key[2] == label:
                         values.update(row.values)

@@ -84,7 +84,8 @@ def load_runs(paths: list[str]) -> list[Run]:
     the same run given twice (a bundle and its results.json, one file twice) is refused."""
     if not paths:
         raise InputError(f"no inputs: expected one or more of {WHAT}")
-    runs, first = [], {}
+    runs: list[Run] = []
+    first: dict[str, str] = {}  # run id -> the path that gave it first
     for path in paths:
         run = load_run(path)
         if run.id in first:

@@ -69,6 +69,6 @@ def _diff(x: Diff) -> dict:
 
 
 def _change(c: Change, x: Diff) -> dict:
-    return {"test": (c.after or c.before)["nodeid"], "before": c.before["outcome"] if c.before else None,
+    return {"test": c.latest["nodeid"], "before": c.before["outcome"] if c.before else None,
             "after": c.after["outcome"] if c.after else None,
             "detail_before": x.a.detail(c.before) if c.before else None, "detail_after": x.b.detail(c.after) if c.after else None}

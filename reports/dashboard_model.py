@@ -167,6 +167,14 @@ class Change:
     before: dict | None
     after: dict | None
 
+    @property
+    def latest(self) -> dict:
+        """The test's record in the later run, else in the earlier (a change has one at least)."""
+        record = self.after or self.before
+        if record is None:
+            raise ValueError(f"{self.key}: a change without a record on either side")
+        return record
+
 
 @dataclasses.dataclass
 class Diff:
@@ -210,11 +218,12 @@ def diff(a: Entry, b: Entry) -> Diff:
         elif was == NOT_APPLICABLE and now is not None and now not in BROKEN:
             running += 1
     added, removed = len(after_of.keys() - before_of.keys()), len(before_of.keys() - after_of.keys())
-    return Diff(a, b, *(sorted(changes, key=_change_order) for changes in (newly_failing, fixed, newly_na)), still, running, added, removed)
+    return Diff(a, b, newly_failing=sorted(newly_failing, key=_change_order), fixed=sorted(fixed, key=_change_order),
+                newly_not_applicable=sorted(newly_na, key=_change_order), still_failing=still, now_running=running, added=added, removed=removed)
 
 
 def _change_order(change: Change):
-    return family_key((change.after or change.before)["family"]), change.key
+    return family_key(change.latest["family"]), change.key
 
 
 @dataclasses.dataclass
@@ -259,7 +268,7 @@ def check_history(entries: list[Entry]) -> list[CheckHistory]:
         for i in range(1, len(entries)):
             if broken[i] and not broken[i - 1]:
                 row.marks[i] = "regression"
-            elif broken[i - 1] and not broken[i] and cells[i] and any(cells[i][o] for o in HELD):
+            elif broken[i - 1] and not broken[i] and (cell := cells[i]) and any(cell[o] for o in HELD):
                 row.marks[i] = "fixed"
         if broken[-1]:
             start = len(entries) - 1

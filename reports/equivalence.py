@@ -62,7 +62,7 @@ def _verdict(a: dict, b: dict) -> str:
 
 def equivalence_matrix(documents: list[dict]) -> tuple[list[str], dict[tuple[str, str], str]]:
     """Columns with digests and the worst verdict over their shared golden cases."""
-    by_column = defaultdict(lambda: defaultdict(list))
+    by_column: defaultdict[str, defaultdict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))  # column -> case -> digests
     for document in documents:
         for record in document["tests"]:
             if record.get("digest") and record["check"] == "test_canonical_bytes_equal_the_committed_reference_digests":

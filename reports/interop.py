@@ -71,7 +71,8 @@ def key(label: str, platform: str, ran_on: str | None) -> str:
 
 def build(documents: list[dict]) -> Table | None:
     """The table over every document's interop records (mutant producers left out), or None."""
-    endpoints, executed = {}, {}
+    endpoints: dict[str, dict] = {}  # row -> its endpoint
+    executed: dict[tuple[str, str], dict[str, dict]] = {}  # (row, column) -> scenario -> cell
     for document in documents:
         for record in document["tests"]:
             interop = record.get("interop")
@@ -114,7 +115,7 @@ def by_descriptor(producer: dict, consumer: dict) -> dict:
         else:
             verdicts = [v for row in compat.check_ranks(p, c) for v in row]
             refused = next((v for v in verdicts if not v.compatible), None)
-            steps = sorted({step for v in verdicts if v.compatible and v.plan.slices for step in v.plan.steps})
+            steps = sorted({step for v in verdicts if v.compatible and v.plan is not None and v.plan.slices for step in v.plan.steps})
             outcome = "incompatible" if refused else "converted" if steps else "identical"
             detail = refused.reason if refused else ", ".join(steps)
             out[s["name"]] = {"outcome": outcome, "detail": f"{detail} (by descriptor: not executed)".lstrip(), "executed": False}

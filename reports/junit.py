@@ -12,7 +12,9 @@ test case this rewrites:
   in words (``not applicable (declaration): …``, ``known failure: …``);
 - an unexpected pass keeps passing (the run does not fail on it) and says so in ``system-out``;
 - ``<properties>``: ``kvc_outcome`` and every record field, structured ones (``failure``,
-  ``not_applicable``) as JSON.
+  ``not_applicable``) as JSON;
+- one test case per record: the cases of a rerun's earlier attempts (pytest-rerunfailures) are
+  dropped and the kept one says ``kvc_attempts`` (a failure counted once, as the verdict counts it).
 
 The test suite gets a ``kvc_verdict`` property (the run's verdict in the words of the terminal
 and HTML banner: ``NO NEW FAILURES — 9 known failures (baseline FILE); …``), a
@@ -135,10 +137,17 @@ def annotate(xml_text: str, document: dict) -> str:
     records.update({xml_safe_text(nodeid): r for nodeid, r in records.items()})  # as pytest wrote a test id with ESC in it
     word, why = results.verdict([document], holes=len(build_coverage([document]).holes))
     for suite in root.iter("testsuite"):
+        attempts: dict = {}  # test id -> its cases: a rerun plugin makes one per attempt, the record is the last's
         for case in suite.findall("testcase"):
             test_id = next((p.get("value") for p in case.iter("property") if p.get("name") == "test_id"), None)
             if test_id in records:
-                _annotate_case(case, records[test_id])
+                attempts.setdefault(test_id, []).append(case)
+        for test_id, cases in attempts.items():
+            for earlier in cases[:-1]:
+                suite.remove(earlier)
+            _annotate_case(cases[-1], records[test_id])
+            if len(cases) > 1:
+                ET.SubElement(cases[-1].find("properties"), "property", name="kvc_attempts", value=str(len(cases)))
         properties = suite.find("properties")
         if properties is None:
             properties = ET.Element("properties")

@@ -72,6 +72,8 @@ def _failure_problem(failure) -> str | None:
         return "failure.mismatches is not a list of objects with a string where"
     if not isinstance(failure.get("byte_map"), (dict, type(None))):
         return "failure.byte_map is not an object"
+    if not isinstance(failure.get("diagnosis") or [], list) or not all(isinstance(d, dict) for d in failure.get("diagnosis") or []):
+        return "failure.diagnosis is not a list of objects"
     return None
 
 
@@ -111,6 +113,12 @@ def document_problem(document: dict) -> str | None:
         if not isinstance(completion, dict) or not isinstance(completion.get("reasons", []), list) \
                 or not all(isinstance(r, dict) and isinstance(r.get("kind"), str) and isinstance(r.get("what"), str) for r in completion.get("reasons", [])):
             return "completion is not an object whose reasons each have a kind and a what"
+        problem = _type_problem(completion.get("exit_status"), (int, type(None)), "completion.exit_status")
+        if problem:
+            return problem
+        left_out = completion.get("backends_left_out")
+        if not isinstance(left_out, (dict, type(None))) or not all(isinstance(why, str) for why in (left_out or {}).values()):
+            return "completion.backends_left_out is not an object of strings"
     stale = document.get("stale_expectations", [])
     if not isinstance(stale, list) or not all(isinstance(e, dict) for e in stale):
         return "stale_expectations is not a list of objects"
@@ -191,8 +199,8 @@ class Matrix:
     def column_records(self, column: str) -> list[dict]:
         return [r for row in self.rows if (cell := self.cell(row, column)) for r in cell.records]
 
-    def column_totals(self, column: str) -> Counter:
-        total = Counter()
+    def column_totals(self, column: str) -> Counter[str]:
+        total: Counter[str] = Counter()
         for row in self.rows:
             cell = self.cell(row, column)
             if cell:
@@ -208,8 +216,8 @@ class Matrix:
         """(check, column) where exactly one column fails among ≥ 2 that ran the check."""
         out = []
         for row in self.rows:
-            ran = [c for c in self.columns if (cell := self.cell(row, c)) and cell.worst not in NOT_RUN]
-            failing = [c for c in ran if self.cell(row, c).worst in FAILING]
+            ran = [(c, cell) for c in self.columns if (cell := self.cell(row, c)) and cell.worst not in NOT_RUN]
+            failing = [c for c, cell in ran if cell.worst in FAILING]
             if len(ran) >= 2 and len(failing) == 1:
                 out.append((row, failing[0]))
         return out
@@ -219,7 +227,7 @@ def build(documents: list[dict]) -> Matrix:
     cells: dict[tuple[str, str], Cell] = {}
     families: dict[str, str] = {}
     columns: dict[str, None] = {}
-    rows_by_family = defaultdict(dict)
+    rows_by_family: defaultdict[str, dict[str, None]] = defaultdict(dict)  # family -> its checks, in order
     for document in documents:
         for record in document["tests"]:
             row, column = record["check"], column_of(record)

@@ -33,7 +33,8 @@ def kill_rates(documents: list[dict]) -> tuple[list[dict], dict[str, tuple[int, 
                     ran[record["backend"]].add(record["family"])
                 if record["outcome"] in FAILING:
                     failing[record["backend"]].add(record["family"])
-    rows, families = [], defaultdict(lambda: [0, 0])
+    rows: list[dict] = []
+    families: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0])  # family -> [killed, aimed]
     for name in sorted(present):
         aimed = list(facts[name]["catches"])
         counted = [f for f in aimed if f in ran[name]]
@@ -43,4 +44,4 @@ def kill_rates(documents: list[dict]) -> tuple[list[dict], dict[str, tuple[int, 
         for family in counted:
             families[family][1] += 1
             families[family][0] += family in killed
-    return rows, {f: tuple(v) for f, v in sorted(families.items())}
+    return rows, {f: (killed, aimed) for f, (killed, aimed) in sorted(families.items())}

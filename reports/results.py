@@ -190,12 +190,13 @@ def verdict(documents: list[dict], holes: int) -> tuple[str, str]:
     CONFORMS only with none of those. What holds it short comes first in ``why``."""
     counts = Counter(r["outcome"] for d in documents for r in d["tests"])
     stale = sum(len(d.get("stale_expectations") or []) for d in documents)
-    statuses = sorted({of(d).get("exit_status") for d in documents if of(d).get("exit_status") is not None})
+    statuses = sorted({status for d in documents if (status := of(d).get("exit_status")) is not None})
     new = sum(counts[o] for o in FAILING)
     known, skipped = counts[EXPECTED_FAILURE], counts[SKIPPED]
     together = documents[0] if len(documents) == 1 else {"completion": merged(documents)}
     holes = holes if is_complete(together) else 0  # a partial run's holes are the checks it did not run
-    baseline = f" (baseline {', '.join(baselines(documents))})" if baselines(documents) else ""
+    written = ", written by this run" if any(d["environment"].get("expectations_written") for d in documents) else ""
+    baseline = f" (baseline {', '.join(baselines(documents))}{written})" if baselines(documents) else ""
     short = [_counted(known, "known failure") + baseline if known else "",
              f"{_counted(skipped, 'check')} skipped by expectations" if skipped else "",
              _counted(holes, "coverage hole") if holes else ""]
@@ -250,8 +251,11 @@ def read_text(path: str, what: str, error: type[Exception], limit: int | None = 
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO opened so does not wait for a writer
         with open(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            status = os.fstat(fd)
+            if not stat.S_ISREG(status.st_mode):
                 raise error(f"{path}: not a regular file; expected a {what}")
+            if status.st_size > limit:  # refused unread: reading 1 GiB of a 20 GB sparse file to learn it is too big took seconds
+                raise error(f"{path}: larger than {limit} bytes; expected a {what}")
             data = fh.read(limit + 1)
     except OSError as exc:
         raise error(f"{path}: cannot read {what} ({exc.strerror or exc})") from exc

@@ -10,6 +10,7 @@ A bundle is a directory (``kvconform-submission/1``)::
     digests.json     the golden-case digests (kvconform-digests/1, for --compare-digests)
     collected.txt    every test id the run collected
     must_pass.txt    the suite's must-pass checks at certification
+    canary.json      the canary's digests in the certified run's process (harness/canary.py)
     SHA256SUMS       sha256 of every other file (``sha256sum -c`` reads it)
 
 The sha256 of SHA256SUMS is the bundle's checksum. :func:`verify` re-checks a bundle against
@@ -40,7 +41,7 @@ PROFILE, SEED = "full", 0  # what a certified run is pinned to
 SUMS = "SHA256SUMS"
 SIGNATURE = "SHA256SUMS.sig"  # optional: a detached Ed25519 signature over SHA256SUMS (kvconform.signing)
 FILES = ("manifest.json", "results.json", "environment.json", "capabilities.json", "coverage.json", "COVERAGE.md",
-         "digests.json", "collected.txt", "must_pass.txt")
+         "digests.json", "collected.txt", "must_pass.txt", "canary.json")
 DIGEST_SCHEMA = "kvconform-digests/1"
 SHOWN = 20  # problems of one kind listed before "… N more"
 
@@ -94,9 +95,11 @@ def digest_entries(document: dict) -> list[dict]:
     return [{"backend": r["backend"], "platform": r.get("platform"), "arch": r.get("arch"), **r["digest"]} for r in document["tests"] if r.get("digest")]
 
 
-def write_bundle(directory: str, document: dict, *, collected: list[str], must_pass: list[str], command: dict, digests_header: dict) -> str:
+def write_bundle(directory: str, document: dict, *, collected: list[str], must_pass: list[str], command: dict, digests_header: dict,
+                 canary: dict) -> str:
     """Write a submission bundle for a certified run; returns the bundle checksum. ``digests_header``:
-    the suite's digest-file header, so digests.json works with ``--compare-digests``."""
+    the suite's digest-file header, so digests.json works with ``--compare-digests``; ``canary``:
+    the canary's digests in the run's process."""
     os.makedirs(directory, exist_ok=True)
     environment = document["environment"]
     table = C.build([document])
@@ -110,6 +113,7 @@ def write_bundle(directory: str, document: dict, *, collected: list[str], must_p
         "digests.json": _dump({**digests_header, "entries": digest_entries(document)}),
         "collected.txt": "".join(f"{test_id}\n" for test_id in sorted(collected)),
         "must_pass.txt": "".join(f"{check}\n" for check in must_pass),
+        "canary.json": _dump(canary),
     }
     texts["manifest.json"] = _dump({
         "schema": BUNDLE_SCHEMA, "suite_version": environment["suite_version"], "profile": environment["profile"],
@@ -182,18 +186,20 @@ def shape_problems(readable: dict) -> list[str]:
     problems += [f"results.json: {p}" for p in bad[:SHOWN]] + ([f"results.json: … {len(bad) - SHOWN} more"] if len(bad) > SHOWN else [])
     if not isinstance(document.get("completion", {}), (dict, type(None))):
         problems.append("results.json: completion must be an object")
-    for name in ("capabilities.json", "coverage.json", "digests.json"):
+    for name in ("capabilities.json", "coverage.json", "digests.json", "canary.json"):
         if name in readable and not isinstance(readable[name], dict):
             problems.append(f"{name}: expected a JSON object, got {type(readable[name]).__name__}")
     return problems
 
 
-def verify(directory: str, must_pass: list[str], suite_version: str | None = None, collect=None) -> list[str]:
+def verify(directory: str, must_pass: list[str], suite_version: str | None = None, collect=None, canary=None) -> list[str]:
     """Everything wrong with a bundle (empty: it is accepted). ``must_pass``: this suite's checks.
 
     ``collect(backends, standard) -> test ids``: what this suite version collects for the
     bundle's backends (kvconform.receiver.collect, which runs the suite's collection here); the
-    bundle's collected.txt must equal it. Without it the bundle's own list is taken as given."""
+    bundle's collected.txt must equal it. Without it the bundle's own list is taken as given.
+    ``canary(canary.json's content) -> problems``: the bundle's canary against a clean process's
+    here (``harness/canary.py`` ``bundle_problems``)."""
     suite_version = suite_version or package_version("kvconform") or "unknown"
     if not os.path.isdir(directory):
         return [f"{directory}: not a bundle directory"]
@@ -217,9 +223,13 @@ def verify(directory: str, must_pass: list[str], suite_version: str | None = Non
     environment = document["environment"]
     if (environment.get("profile"), environment.get("seed")) != (PROFILE, SEED):
         problems.append(f"results.json: profile {environment.get('profile')!r} seed {environment.get('seed')!r}; a certified run uses profile {PROFILE!r} seed {SEED}")
+    if (manifest.get("profile"), manifest.get("seeds")) != (PROFILE, [SEED]):
+        problems.append(f"manifest.json: profile {manifest.get('profile')!r} seeds {manifest.get('seeds')!r}; a certified run uses profile {PROFILE!r} seeds {[SEED]}")
     if manifest.get("backends") != sorted(environment["backends"]):
         problems.append(f"manifest.json: backends {manifest.get('backends')!r} are not the results' {sorted(environment['backends'])}")
     collected = readable.get("collected.txt", "").split()
+    if canary is not None and "canary.json" in readable:
+        problems += _canary_problems(readable["canary.json"], canary)
     try:
         problems += _content_problems(readable, document, collected, must_pass, collect)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:  # a field of a shape no check reads
@@ -251,6 +261,14 @@ def _collection_problems(collected: list[str], document: dict, collect) -> list[
                                             for test_id in sorted(bundled - expected)]))
 
 
+def _canary_problems(bundled: dict, canary) -> list[str]:
+    """The run's canary digests against a clean process's here: the same ops on the same inputs."""
+    try:
+        return _shown("canary.json", canary(bundled))
+    except (InputError, RuntimeError, OSError) as exc:
+        return [f"canary.json: cannot compute the canary here: {exc}"]
+
+
 def _checksum_problems(directory: str) -> list[str]:
     try:
         lines = _read(directory, SUMS).splitlines()
@@ -267,6 +285,8 @@ def _checksum_problems(directory: str) -> list[str]:
             problems.append(f"{SUMS} lists {name!r}, which is not a bundle file")
         elif not os.path.isfile(path):
             problems.append(f"missing file: {name}")
+        elif os.path.getsize(path) > BUNDLE_LIMIT:  # checked before hashing: a link to a 20 GB sparse file took 75 s
+            problems.append(f"{name}: larger than {BUNDLE_LIMIT} bytes, the most a bundle file holds; not read")
         elif sha256_file(path) != digest:
             problems.append(f"checksum mismatch: {name} (the file was changed after certification)")
     problems += [f"file not in {SUMS}: {name}" for name in sorted(os.listdir(directory)) if name not in listed and name not in (SUMS, SIGNATURE)]

@@ -120,7 +120,9 @@ def _family_width(family: str) -> int:
 
 def _family_chunks(families: list[str], room: int) -> list[list[str]]:
     """Families per table so that each table fits ``room`` columns (one table when it fits)."""
-    chunks, line, used = [], [], 0
+    chunks: list[list[str]] = []
+    line: list[str] = []
+    used = 0
     for family in families:
         need = _family_width(family) + 1  # + the divider
         if line and used + need > room:
@@ -248,8 +250,8 @@ def render(documents: list[dict], *, color: bool, width: int | None = None, fail
                 console.print(Text.assemble(("  SURVIVED ", "bold red"), f"mutant:{row['mutant']} in {', '.join(missed)}"))
             if row["not_run"]:
                 console.print(Text.assemble(("  not run ", "yellow"), f"mutant:{row['mutant']}: {', '.join(row['not_run'])} (not counted)"))
-    table = interop.build(documents) if any(r.get("interop") for d in documents for r in d["tests"]) else None
-    if table:
-        interop.render_terminal(table, console)
+    interop_table = interop.build(documents) if any(r.get("interop") for d in documents for r in d["tests"]) else None
+    if interop_table:
+        interop.render_terminal(interop_table, console)
     console.print(_verdict_line(verdict))  # the partial-run warning once, at the top: the verdict line says PARTIAL RUN and why
     return out.getvalue()

@@ -12,7 +12,7 @@ leaves ``results.json``, ``output.txt`` and ``exit_status`` in its directory.
 
 PLAN.json: ``{"fresh": [package prefixes never imported here], "jobs": N, "timeout": seconds,
 "probe": [pytest arguments], "runs": [{"name", "args": [...], "env": {...}, "out": DIR}, ...]}``.
-What to import first is found by a probe (tests/fork_server.py: ``warm_up``): a child that
+What to import first is found by a probe (tests/suite_imports.py: ``warm_up``): a child that
 collects the suite with the ``probe`` arguments (else the first run's; no run's environment).
 """
 
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.fork_server import warm_up
+from tests.suite_imports import warm_up
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE_ARGS = ["--pyargs", "kvconform.conformance", "-p", "no:cacheprovider"]

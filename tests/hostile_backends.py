@@ -49,6 +49,15 @@ class RewritesTheExpectedArena(ReferenceBackend):
             frame = frame.f_back
 
 
+class RaisesWithAnEscapeSequence(ReferenceBackend):
+    """Its write raises, and prints, text holding terminal control sequences: an OSC that retitles
+    the window and a CSI that clears the screen. pytest's failure text must show them as escapes."""
+
+    def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
+        print("kernel log \x1b[2J")
+        raise RuntimeError("kernel said: \x1b]0;pwned\x07 \x1b[2J")
+
+
 class RaisesWithALoneSurrogate(ReferenceBackend):
     """Its write raises an exception whose message holds a lone surrogate (text decoded with
     ``surrogateescape`` from a C library's bytes): every report must still be written."""

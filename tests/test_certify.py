@@ -105,6 +105,47 @@ def rewrite_derived(bundle, document, collected):
     resum(bundle)
 
 
+def test_a_re_certification_may_replace_every_file_a_bundle_holds():
+    from kvconform.conformance.plugin.outputs import BUNDLE_NAMES
+
+    assert {*submission.FILES, submission.SUMS, submission.SIGNATURE} <= BUNDLE_NAMES
+
+
+def test_a_bundle_whose_manifest_names_other_seeds_is_refused(bundle, tmp_path):
+    tampered = copy_of(bundle, tmp_path)
+    manifest = json.loads((tampered / "manifest.json").read_text())
+    (tampered / "manifest.json").write_text(json.dumps({**manifest, "seeds": [submission.SEED, 7]}))
+    resum(tampered)
+    problems = submission.verify(str(tampered), (bundle / "must_pass.txt").read_text().split())
+    assert problems == [f"manifest.json: profile {submission.PROFILE!r} seeds [{submission.SEED}, 7]; "
+                        f"a certified run uses profile {submission.PROFILE!r} seeds [{submission.SEED}]"]
+
+
+def test_a_bundle_file_linked_to_a_huge_sparse_file_is_refused_before_it_is_hashed(tmp_path):
+    """A link to a 20 GB sparse file was hashed for 75 s before the 1 GiB bound applied."""
+    from .test_hostile_outputs import finishes
+
+    huge = tmp_path / "sparse"
+    with open(huge, "wb") as fh:
+        fh.truncate(20 << 30)
+    (tmp_path / "bundle").mkdir()
+    (tmp_path / "bundle" / "results.json").symlink_to(huge)
+    (tmp_path / "bundle" / submission.SUMS).write_text(f"{'0' * 64}  results.json\n")
+    problems = finishes(lambda: submission.verify(str(tmp_path / "bundle"), []), seconds=10)
+    assert f"results.json: larger than {submission.BUNDLE_LIMIT} bytes, the most a bundle file holds; not read" in problems
+
+
+def test_a_bundle_whose_canary_is_not_what_a_clean_process_computes_here_is_refused(bundle, tmp_path, capsys):
+    tampered = copy_of(bundle, tmp_path)
+    canary = json.loads((tampered / "canary.json").read_text())
+    assert set(canary) >= {"reference.copy_blocks", "the oracle's code"}
+    canary["reference.copy_blocks"] = "0" * 64  # what a run whose oracle dropped a pair recorded
+    (tampered / "canary.json").write_text(json.dumps(canary))
+    resum(tampered)
+    assert main(["verify-submission", str(tampered)]) == 1
+    assert "canary.json: reference.copy_blocks gave other bytes in the certified run's process" in capsys.readouterr().out
+
+
 def test_a_bundle_with_one_parametrized_record_dropped_and_resummed_is_refused(bundle, tmp_path, capsys):
     tampered = copy_of(bundle, tmp_path)
     document = json.loads((tampered / "results.json").read_text())

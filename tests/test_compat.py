@@ -200,6 +200,17 @@ def test_command_line_prints_a_verdict_per_rank(tmp_path):
     assert broken.returncode == 2 and "schema" in broken.stderr
 
 
+def test_the_command_never_prints_a_control_sequence_from_a_descriptor(tmp_path, capsys):
+    """A label carrying an OSC title sequence (ESC ] 0 ; … BEL) is shown escaped, never acted on (#37 item 10)."""
+    evil = "evil\x1b]0;pwned\x07"
+    producer, consumer = tmp_path / "p.json", tmp_path / "c.json"
+    producer.write_text(json.dumps(fp8_rank(torch.float8_e4m3fn, 0.5, backend=evil)))
+    consumer.write_text(json.dumps(fp8_rank(torch.float8_e4m3fn, 0.5, backend=evil)))
+    assert compat.main([str(producer), str(consumer)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "evil\\x1b]0;pwned\\x07" in out
+
+
 def test_describe_writes_each_ranks_descriptor_for_compat(tmp_path):
     h100, mi300 = tmp_path / "h100.json", tmp_path / "mi300.json"
     for backend, layout, tp, out in (("triton_flash", "E1:NHD", 1, h100), ("reference_gfx942", "AITER:shuffle-blocks_first", 2, mi300)):

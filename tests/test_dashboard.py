@@ -191,7 +191,8 @@ def test_a_certified_bundle_is_read_as_its_run_and_a_changed_one_is_refused(tmp_
     doc = vllm_run("0.34.0", "failed", "passed", "passed", 1_792_000_000)
     bundle = tmp_path / "bundle"
     submission.write_bundle(str(bundle), doc, collected=[r["nodeid"] for r in doc["tests"]], must_pass=[],
-                            command={"line": "kvconform certify --backend vllm:TRITON_ATTN"}, digests_header={"schema": submission.DIGEST_SCHEMA})
+                            command={"line": "kvconform certify --backend vllm:TRITON_ATTN"}, digests_header={"schema": submission.DIGEST_SCHEMA},
+                            canary={})
     d = dashboard.build([str(bundle)], str(tmp_path / "site"))
     assert d.runs[0].bundle_sha256 == hashlib.sha256((bundle / "SHA256SUMS").read_bytes()).hexdigest()
     assert "certified" in (tmp_path / "site" / d.entries[0].page).read_text()

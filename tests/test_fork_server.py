@@ -1,4 +1,4 @@
-"""The own tests' fork server (tests/fork_server.py) runs a ``python -m`` command as that Python
+"""The own tests' commands forked from the plugin's fork server (tests/fork_server.py) run a ``python -m`` command as that Python
 would have run it: its directory, environment, path, arguments, streams and exit status, with
 nothing of the checkout imported first; it falls back to a real process where it cannot."""
 

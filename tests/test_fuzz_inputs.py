@@ -108,6 +108,28 @@ def test_a_malformed_digest_file_is_refused_naming_it(data):
     refused_naming_it_or_read(digests.load, data.draw(malformed(digest_file_text())), ".json")
 
 
+DIGEST_FIELDS = ["backend", "platform", "arch", "case", "layout", "layout_shape", "era", "dtype", "kv_cache_dtype", "fp8_format",
+                 "geometry", "k_scale", "v_scale", "page", "canonical", "canonical_b64"]
+
+
+@BUDGET
+@given(st.sampled_from(DIGEST_FIELDS), json_values)
+def test_a_digest_entry_with_a_field_of_the_wrong_type_is_refused_naming_the_file(field, value):
+    document = json.loads(digest_file_text())
+    document["entries"][0][field] = value
+    refused_naming_it_or_read(digests.load, json.dumps(document).encode(), ".json")
+
+
+def test_a_digest_entry_whose_case_is_a_list_is_refused_naming_the_file(tmp_path):
+    """``"case": []`` was a TypeError (unhashable), an INTERNALERROR under --kvc-compare-digests."""
+    document = json.loads(digest_file_text())
+    document["entries"][0]["case"] = []
+    path = tmp_path / "digests.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(InputError, match=rf"{path}: entry 0 .*case \[\] is not a golden case"):
+        digests.load(str(path))
+
+
 def render_everywhere(document: dict) -> None:
     """What a results file is read by: the terminal matrix, the HTML report, the JUnit annotation."""
     render([document], color=True, width=100)
@@ -139,7 +161,8 @@ FIELDS = [["environment"], ["environment", "backends"], ["completion"], ["comple
           *(["tests", 0, field] for field in record() if field != "nodeid"), ["tests", 0, "nodeid"], ["tests", 0],
           ["tests", 0, "exercised", 0], ["tests", 0, "failure", "byte_map"], ["tests", 0, "failure", "mismatches"],
           ["tests", 0, "interop"], ["tests", 0, "digest"], ["environment", "backends", "reference"],
-          ["environment", "backends", "reference", "declared"]]
+          ["environment", "backends", "reference", "declared"], ["completion", "exit_status"], ["completion", "backends_left_out"],
+          *(["tests", 0, "failure", field] for field in ("property", "differing_elements", "diagnosis"))]
 
 
 @BUDGET
@@ -149,6 +172,18 @@ def test_a_results_file_with_a_field_of_the_wrong_type_is_refused_or_rendered(wh
     document = refused_naming_it_or_read(cli.load, data, ".json")
     if document is not None:
         render_everywhere(document)
+
+
+@pytest.mark.parametrize("where, value", [(["tests", 0, "failure", "diagnosis"], True), (["completion", "exit_status"], []),
+                                          (["completion", "backends_left_out"], 5)], ids=["diagnosis", "exit_status", "backends_left_out"])
+def test_report_html_refuses_a_field_its_pages_cannot_read_naming_file_and_field(tmp_path, capsys, where, value):
+    """Each was a traceback from ``kvconform report html`` (a Jinja loop over ``true``, a set of a list, ``.items()`` of 5)."""
+    from kvconform.cli import main
+
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(replace_field(RESULTS, where, value)))
+    assert main(["report", "html", str(path), "-o", str(tmp_path / "report.html")]) == 2
+    assert f"{path}: {where[0]}" in capsys.readouterr().err and not (tmp_path / "report.html").exists()
 
 
 @functools.cache

@@ -134,7 +134,7 @@ def usage_error(tmp_path, fields: dict) -> str:
     """What the suite says at start-up for these options (the checks its plugin runs before collection)."""
     from kvconform.conformance.plugin import options
     from kvconform.conformance.plugin.outputs import check_outputs
-    from kvconform.conformance.plugin.session import outputs_and_inputs
+    from kvconform.conformance.plugin.run_plan import outputs_and_inputs
 
     blocker = tmp_path / "a-file"  # a path under a regular file cannot be created, even by root
     blocker.write_text("")
@@ -146,6 +146,7 @@ def usage_error(tmp_path, fields: dict) -> str:
     opts = options.RunOptions(**{**defaults, **fields})
     try:
         options.validate(opts)
+        options.check_device(opts.device)
         check_outputs(*outputs_and_inputs(opts, xmlpath))
     except InputError as exc:
         return str(exc)

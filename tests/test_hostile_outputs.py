@@ -2,7 +2,7 @@
 (issue #26, items 6-9; docs/RELIABILITY.md "What is never overwritten").
 
 The plugin checks every run's paths with one call, ``outputs.check_outputs(outputs, inputs)``
-(conformance/plugin/session.py ``outputs_and_inputs`` spells its arguments); these tests hold that function,
+(conformance/plugin/run_plan.py ``outputs_and_inputs`` spells its arguments); these tests hold that function,
 the results lock, the atomic writer and the expectations writer to their promises. To extend:
 add a row to SAME_FILE or NOT_A_FILE.
 """

@@ -76,6 +76,12 @@ def test_the_wheel_installs_nothing_but_the_kvconform_namespace(installed):
     assert not list(ROOT.glob("*.egg-info")) and not (ROOT / "build").exists(), "building the wheel left files in the checkout"
 
 
+def test_the_wheel_marks_the_package_typed_for_the_vendors_type_checker(installed):
+    record = next(installed["site"].glob("kvconform-*.dist-info")) / "RECORD"
+    assert "kvconform/py.typed" in [line.split(",")[0] for line in record.read_text().splitlines()]  # PEP 561: one marker covers the subpackages
+    assert (installed["site"] / "kvconform" / "py.typed").is_file()
+
+
 def test_the_vendors_own_tests_are_untouched_by_the_installed_plugin(installed):
     proc = sh(installed["python"], "-m", "pytest", "-p", "no:cacheprovider", "tests", "--device", "npu", cwd=installed["repo"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,8 +1,8 @@
-"""Every output states the one verdict, whatever else runs (issue #37 items 3-9): a plugin that
-turns failing reports into passes, an expectations entry that skips everything, a backend whose
-import ends the process, text no encoder takes, two runs into one directory, a relative bundle
-path. Each test fails on 6831dc8 (exit 0, JUnit failures="0", CONFORMS/complete, results of an
-earlier run left as they were, a traceback instead of the reports, both runs accepted)."""
+"""Every output states the one verdict, whatever else runs (issue #37 items 3-9 and 10): a plugin
+that turns failing reports into passes, an expectations entry that skips everything, a backend
+whose import ends the process, text no encoder takes, two runs into one directory, a full disk.
+Each test fails on 6831dc8 (exit 0, JUnit failures="0", CONFORMS/complete, results of an earlier
+run left as they were, a traceback instead of the reports, both runs accepted)."""
 
 from __future__ import annotations
 
@@ -75,6 +75,15 @@ def test_a_lone_surrogate_in_a_backend_message_reaches_every_report(tmp_path):
     ET.parse(junit)
 
 
+def test_control_sequences_from_a_backend_reach_pytests_failure_text_as_escapes(tmp_path):
+    result = run_suite(tmp_path, "-p", "no:randomly", "--kvc-backend", "tests.hostile_backends:RaisesWithAnEscapeSequence", "-k", "padding_slots",
+                       target="kvconform.conformance.test_write")
+    assert result.returncode == 1 and {r["outcome"] for r in result.records} == {"error"}, result.output
+    shown = result.proc.stdout + result.proc.stderr
+    assert "\x1b]0;pwned" not in shown and "\x1b[2J" not in shown
+    assert "kernel said: \\x1b]0;pwned\\x07 \\x1b[2J" in shown and "kernel log \\x1b[2J" in shown
+
+
 def test_a_results_file_edited_to_claim_complete_is_still_partial():
     from kvconform.reports import results
 
@@ -84,3 +93,13 @@ def test_a_results_file_edited_to_claim_complete_is_still_partial():
     assert results.headline(claimed).startswith("PARTIAL RUN (skipped: it says complete, yet its records hold checks skipped by expectations; "
                                                 "unknown: it says complete, yet selected 3, recorded 3 != 2 records)")
     assert results.verdict([claimed], holes=0)[0] == results.PARTIAL
+
+
+def test_a_full_disk_ends_in_the_verdict_and_a_line_saying_the_outputs_were_not_written(tmp_path):
+    result = run_suite(tmp_path, "-p", "tests.fills_the_disk", "-p", "no:randomly", "--kvc-backend", "reference", "-k", "padding_slots",
+                       target="kvconform.conformance.test_write")
+    assert "Traceback" not in result.proc.stdout + result.proc.stderr and "INTERNALERROR" not in result.proc.stdout, result.output
+    assert result.returncode == 3 and result.document is None  # a CI job never passes on outputs that are not there
+    lines = result.proc.stdout.splitlines()
+    assert any(line.startswith("kvconform verdict:") for line in lines) and "exit status 3" in " ".join(result.proc.stdout.split())  # the line wraps
+    assert lines[-2].startswith("kvconform: OUTPUTS NOT WRITTEN") and f"({tmp_path / 'results.json'}: No space left on device)" in lines[-2]

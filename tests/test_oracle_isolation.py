@@ -168,3 +168,12 @@ def test_a_backend_that_patches_the_reference_in_its_op_errs_in_every_check(host
 def test_the_oracle_is_restored_for_the_other_backends_of_the_run(hostile_copy_run):
     assert hostile_copy_run.outcomes(BACKENDS["bug_alone"]) == {"failed"}
     assert hostile_copy_run.outcomes("reference") == {"passed"}
+
+
+def test_a_backend_that_rewrites_the_expected_values_in_the_harness_frames_passes_beyond_an_in_process_suite(tmp_path):
+    """It writes nothing and, through sys._getframe, makes the harness's expected arena equal the
+    cache: docs/RELIABILITY.md "Beyond an in-process suite" says what answers it. If this fails,
+    the suite has learned to catch it, and that section must say so."""
+    backend = "tests.hostile_backends:RewritesTheExpectedArena"
+    result = run_suite(tmp_path, "-p", "no:randomly", "--kvc-backend", backend, "-k", "padding_slots", target="kvconform.conformance.test_write")
+    assert result.outcomes(backend) == {"passed"}, result.output

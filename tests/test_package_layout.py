@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import ast
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 
+from .import_graph import imports, modules, package_dirs
 from .suite_runs import ROOT
 
-PACKAGES = ("reference", "backends_under_test", "conformance", "reports")
+DIRS = package_dirs(ROOT)  # the wheel's mapping (pyproject.toml force-include), read, not copied
+PACKAGES = tuple(name.split(".")[1] for name in DIRS if name != "kvconform")
 SUITE = {"reference", "backends_under_test", "reports"}
 ERRORS = "kvconform.errors"
 MAY_IMPORT = {
@@ -38,37 +39,16 @@ MAY_IMPORT = {
 BARE = set(PACKAGES)  # top-level names that exist only in a checkout
 
 
-def module_files() -> dict[str, Path]:
-    files = {f"kvconform.{p.stem}" if p.stem != "__init__" else "kvconform": p for p in (ROOT / "kvconform").glob("*.py")}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            parts = [package, *path.relative_to(ROOT / package).with_suffix("").parts]
-            files[".".join(["kvconform", *(parts[:-1] if parts[-1] == "__init__" else parts)])] = path
-    return files
-
-
-def imports_of(module: str, path: Path, files) -> set[str]:
-    is_package = path.stem == "__init__"
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = module.split(".") if is_package else module.split(".")[:-1]
-                base = base[: len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module
-            for alias in node.names:  # `from pkg import module` imports the module, `from pkg import name` the package
-                found.add(f"{target}.{alias.name}" if f"{target}.{alias.name}" in files else target)
-    return found
-
-
 @pytest.fixture(scope="module")
 def graph():
-    files = module_files()
-    return {module: {i for i in imports_of(module, path, files) if i in files and i != module} for module, path in files.items()}, files
+    files = modules(DIRS)
+    edges = {module: set() for module in files}
+    for module, path in files.items():
+        for i in imports(module, path):  # `from pkg import module` imports the module, `from module import name` the module
+            target = f"{i.module}.{i.name}" if f"{i.module}.{i.name}" in files else i.module
+            if target in files and target != module:
+                edges[module].add(target)
+    return edges, files
 
 
 def floor(module: str) -> str:

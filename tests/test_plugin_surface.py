@@ -10,7 +10,7 @@ import sys
 import pytest
 from _pytest.config.argparsing import Parser
 
-from kvconform.conformance.plugin import options
+from kvconform.conformance.plugin import hooks, options
 from kvconform.conformance.plugin.collection import SuiteModule, suite_command
 
 from . import fork_server
@@ -48,6 +48,25 @@ def test_the_pytest_internals_the_plugin_uses_exist():
     parser.getgroup("vendor").addoption("--device")
     assert "--device" in options.option_names_taken(parser)
     assert callable(getattr(pytest.Module, "_getobj", None)) and "_getobj" in vars(SuiteModule)
+
+
+def not_applicable_here():
+    raise LookupError("no digest for this layout")
+
+
+def test_this_pytest_reports_a_phase_with_a_text_in_place_of_its_traceback(request):
+    call = pytest.CallInfo.from_call(not_applicable_here, when="call")
+    report = hooks.brief_report(request.node, call, "LookupError: no digest for this layout")
+    assert report is not None and report.longrepr == "LookupError: no digest for this layout" and report.failed
+    assert call.excinfo is not None and call.excinfo.type is LookupError  # pytest's own call is left as it was
+
+
+def test_a_pytest_that_reads_the_exception_from_the_report_gets_its_own_report(request, monkeypatch):
+    call = pytest.CallInfo.from_call(not_applicable_here, when="call")
+    with monkeypatch.context() as patched:  # only around the call: pytest reports this test with its own
+        patched.setattr(pytest.TestReport, "from_item_and_call", lambda item, call: call.excinfo.value)
+        brief = hooks.brief_report(request.node, call, "LookupError: no digest for this layout")
+    assert brief is None
 
 
 def test_every_record_of_a_run_matches_the_schema_derived_from_the_record_type(tmp_path):

@@ -1,4 +1,4 @@
-"""Options a run does not give come from what its backends declare (conformance/plugin/session.py):
+"""Options a run does not give come from what its backends declare (conformance/plugin/run_plan.py):
 the layout standard the named backends share, a usage error when they disagree, and the
 backends' own per-test timeout (vLLM's adapters: 300 s)."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from kvconform.backends_under_test.registry import Loaded
 from kvconform.backends_under_test.reference_backend import ReferenceBackend, e3_model, kv_first_model
-from kvconform.conformance.plugin.session import default_standard, default_timeout
+from kvconform.conformance.plugin.run_plan import default_standard, default_timeout
 from kvconform.errors import InputError
 
 from .suite_runs import KV_CHECKS, run_suite

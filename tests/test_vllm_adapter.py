@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from .suite_runs import ROOT, run_suite
-from .vllm_cpu.runs import GFX942, ROCM_GFX942, UNIFIED_SHUFFLE
+from .vllm_cpu.runs import GFX942, ROCM_GFX942, SEGMENTED, UNIFIED_SHUFFLE
 
 VLLM_PYTHON = os.environ.get("KVCONFORM_VLLM_PYTHON")
 PLUGIN = ["-p", "tests.vllm_cpu.plugin"]
@@ -152,6 +152,18 @@ def test_unified_shuffle_on_gfx1250_fails_f18_and_a_vendor_can_gate_on_it(vllm_r
 
 
 @needs_vllm
+def test_a_backend_for_other_hardware_is_not_applicable_there_and_checked_where_vllm_selects_it(vllm_runs):
+    """ROCM_SEGMENTED_ATTN is RDNA-only: on a simulated CDNA gfx942 vLLM rejects the device ("requires
+    AMD RDNA GPUs"), so every check is not applicable naming that (before: 45 errors, its impl raises);
+    on a simulated RDNA gfx1201 its checks run."""
+    cdna, rdna = forked(vllm_runs, "segmented-gfx942"), forked(vllm_runs, "segmented-gfx1201")
+    on_its_layouts = [r for r in records(cdna, SEGMENTED) if r["layout"]]  # the others: no latent/quant cache declared
+    assert on_its_layouts and {r["outcome"] for r in on_its_layouts} == {"not-applicable"}
+    assert all(r["not_applicable"]["kind"] == "machine" and "requires AMD RDNA GPUs" in r["not_applicable"]["what"] for r in on_its_layouts)
+    assert problems(rdna, SEGMENTED) == [] and "passed" in outcomes(rdna, SEGMENTED, "split")
+
+
+@needs_vllm
 def test_e1_era_blocks_first_declaration_passes(vllm_runs):
     run = forked(vllm_runs, "e1-era:blocks_first_hnd")
     backend = "tests.vllm_cpu.e1_era:blocks_first_hnd"
@@ -209,3 +221,22 @@ def test_absent_vllm_makes_every_check_not_applicable(tmp_path):
     run = suite(sys.executable, tmp_path, "--backend", "vllm:ROCM_AITER_FA", "-k", "shape or gating")
     rows = records(run, "vllm:ROCM_AITER_FA")
     assert rows and all(r["outcome"] == "not-applicable" and "vLLM is not installed" in r["message"] for r in rows)
+
+
+@pytest.mark.parametrize("release, module, takes_layout", [
+    ("0.31.0", "vllm.v1.core.kv_cache_utils", False), ("0.32.0", "vllm.v1.core.kv_cache_utils", True),
+    ("0.33.0", "vllm.v1.core.kv_cache_planning", True),
+])
+def test_blocks_are_sized_as_each_releases_worker_sizes_them(monkeypatch, release, module, takes_layout):
+    """0.30.0-0.31.0's worker sizes a block without the layout (kv_cache_utils.py:1768 in 0.31.0), later
+    ones with it: the adapter calls the planner as that release's worker does (it refused 0.31.0 before)."""
+    import types
+
+    from kvconform.backends_under_test import vllm_base
+
+    calls = []
+    sizing = (lambda groups, layout: calls.append((groups, layout)) or 96) if takes_layout else (lambda groups: calls.append((groups,)) or 64)
+    for name in ("vllm.v1.core.kv_cache_planning", "vllm.v1.core.kv_cache_utils"):
+        monkeypatch.setitem(sys.modules, name, types.SimpleNamespace(**({"_get_kv_cache_bytes_per_block": sizing} if name == module else {})))
+    assert vllm_base.cache_bytes_per_block(["group"], "LBHNC") == (96 if takes_layout else 64)
+    assert calls == [(["group"], "LBHNC") if takes_layout else (["group"],)]

@@ -298,3 +298,21 @@ class Nvfp4ReblockCopiesStoredScaleRows(QuantMutant):
 
     def reblock_scale_slots(self, slots, g, side):
         return self.scale_slots(slots, g, "k")
+
+
+@mutant("quant_fp8_e4m3fn_on_gfx942")
+class Fp8E4m3fnOnGfx942(QuantMutant):
+    """Claims an MI300 (gfx942: e4m3fnuz, vLLM's bound 224) but its per-token-head writer encodes
+    fp8 as on CUDA: e4m3fn codes of x / (amax / 448). Every code is a valid fnuz byte, so the
+    machine's own reader decodes other values, silently. The platform's golden digest fails it, and
+    so do the write and read checks, whose reference encodes for the backend's platform."""
+
+    catches = ("equivalence",)
+    kills = ("test_golden_pages_hash_to_the_stored_digest_of_their_mode",)
+    platform = "rocm"
+
+    def arch(self):
+        return "gfx942"
+
+    def encode(self, key, value, g):
+        return QC.encode(key, g.mode, "cuda", "sm90"), QC.encode(value, g.mode, "cuda", "sm90")

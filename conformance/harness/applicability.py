@@ -4,15 +4,18 @@ Before a test runs:
 
 - :func:`case_params`: the (backend, layout) cases a check is parametrized with; a backend whose
   library is absent, or that declares no layout of the kind the check asks for, gives one case
-  that carries its reason (sweeps.py does the same for a sweep with no declared value);
+  that carries its reason (sweeps.py gives :func:`by_declaration`'s for a sweep with no declared value);
 - :func:`not_applicable`: a check states what it needs with markers — ``kvc_op(NAME)``,
   ``kvc_layouts(KIND)``, ``kvc_needs(FEATURE)`` — and a golden-case parameter where it has
-  one; the needs are evaluated against the backend's declaration, this run's options and this
-  machine, and the first unmet one is returned.
+  one; the needs (:data:`NEEDS`, one :class:`Need` row each) are evaluated against the
+  backend's declaration, this run's options and this machine, and the first unmet one is returned.
 
 While it runs, :func:`reason_of` turns what a check or backend raised into a reason: a check
-that finds out only then (:class:`NotApplicableHere`), a backend code path that cannot run on
-this machine (``OpUnavailable``), or Hypothesis giving up because no example could run here.
+that finds out only then (:class:`NotApplicableHere`, built by :func:`undeclared` or
+:func:`no_digest_for`), a backend code path that cannot run on this machine (``OpUnavailable``;
+the harness aggregates those of several cases with the ``unavailable_…`` functions), or
+Hypothesis giving up because no example could run here. No module but this one and the backends
+constructs a reason (tests/test_applicability_single_place.py).
 
 A :class:`NotApplicable` says *who* lacks *what*, and of which *kind*. Only ``declaration``
 reasons mean "the backend says it does not do this"; ``run`` and ``machine`` reasons are
@@ -24,6 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from hypothesis.errors import Unsatisfiable
@@ -31,7 +36,7 @@ from hypothesis.errors import Unsatisfiable
 from kvconform import reference as R
 from kvconform.backends_under_test.contract import CONNECTOR_OPS, Backend, OpUnavailable
 
-from .facts import common_who
+from .lazy_memory import lazy_mapping
 
 DECLARATION, RUN, MACHINE = "declaration", "run", "machine"
 LAYOUT_KINDS = ("all", "tiled", "standard", "connector", "none", "latent", "quant")
@@ -173,8 +178,6 @@ def _memory_2_31(ctx, _):  # the probes of big_caches.py: a cache past 2^31 elem
     if ctx.huge:
         return None if free >= 10 << 30 else f"has {free >> 30} GiB of RAM available; --kvc-huge needs >= 10 GiB"
     # Lazily mapped arenas cost only the pages touched; the mapping itself needs address space.
-    from .big_caches import lazy_mapping
-
     try:
         lazy_mapping(3 << 31).close()
     except OSError as exc:
@@ -213,35 +216,54 @@ def _connector_ops(ctx, _):
     return f"declares no connector op ({', '.join(sorted(CONNECTOR_OPS))}): it ships no blocks of its own"
 
 
-# need -> (kind, who, check(ctx, argument) -> what is missing, or None). Evaluated in this order.
-# A check may answer (who, what) when someone other than ``who`` lacks it.
+def _this_run(_ctx) -> str:
+    return "this run"
+
+
+def _this_machine(_ctx) -> str:
+    return "this machine"
+
+
+@dataclasses.dataclass(frozen=True)
+class Need:
+    """One row of :data:`NEEDS`: ``check(ctx, argument)`` says what is missing, or None; it may
+    answer (who, what) when someone other than ``who(ctx)`` lacks it. ``feature``: a check names
+    it with ``kvc_needs(NAME)`` (False: another marker states it, or it is only asked ``first`` by
+    a feature). ``first``: needs asked before this one, in table order like every need."""
+
+    kind: str
+    who: Callable[[Context], str]
+    check: Callable[[Context, Any], str | tuple[str, str] | None]
+    feature: bool = True
+    first: tuple[str, ...] = ()
+
+
+# Every need, evaluated in this order: the first unmet one is the reason. A new need is one row here.
 NEEDS = {
-    "op": (DECLARATION, _backend, _op),
-    "declared_standard": (DECLARATION, _backend, _declared_standard),
-    "golden_case": (DECLARATION, _backend, _golden_case),
-    "fp8": (DECLARATION, _backend, _fp8),
-    "single_kv_head": (DECLARATION, _backend, _single_kv_head),
-    "selector": (DECLARATION, _backend, _selector),
-    "multi_layer": (DECLARATION, _backend, _multi_layer),
-    "connector_ops": (DECLARATION, _backend, _connector_ops),
-    "padding_slots": (DECLARATION, _backend, _padding_slots),
-    "latent_padding_slots": (DECLARATION, _backend, _latent_padding_slots),
-    "latent_multi_layer": (DECLARATION, _backend, _latent_multi_layer),
-    "declares_e1": (DECLARATION, _backend, lambda ctx, _: _declares_standard(ctx, "e1")),
-    "declares_e3": (DECLARATION, _backend, lambda ctx, _: _declares_standard(ctx, "e3")),
-    "cpu_platform": (DECLARATION, _backend, _cpu_platform),
-    "run_standard": (RUN, lambda ctx: "this run", _run_standard),
-    "standard_e1": (RUN, lambda ctx: "this run", lambda ctx, _: _standard_specific(ctx, "e1")),
-    "standard_e3": (RUN, lambda ctx: "this run", lambda ctx, _: _standard_specific(ctx, "e3")),
-    "compare_digests": (RUN, lambda ctx: "this run", _compare_digests),
-    "gpu": (MACHINE, lambda ctx: "this machine", _gpu),
-    "memory_2_31": (MACHINE, lambda ctx: "this machine", _memory_2_31),
+    "op": Need(DECLARATION, _backend, _op, feature=False),  # kvc_op(NAME)
+    "declared_standard": Need(DECLARATION, _backend, _declared_standard, feature=False),  # kvc_layouts(KIND)
+    "golden_case": Need(DECLARATION, _backend, _golden_case, feature=False),  # a golden_case parameter
+    "fp8": Need(DECLARATION, _backend, _fp8),
+    "single_kv_head": Need(DECLARATION, _backend, _single_kv_head),
+    "selector": Need(DECLARATION, _backend, _selector),
+    "multi_layer": Need(DECLARATION, _backend, _multi_layer),
+    "connector_ops": Need(DECLARATION, _backend, _connector_ops),
+    "padding_slots": Need(DECLARATION, _backend, _padding_slots),
+    "latent_padding_slots": Need(DECLARATION, _backend, _latent_padding_slots),
+    "latent_multi_layer": Need(DECLARATION, _backend, _latent_multi_layer),
+    "declares_e1": Need(DECLARATION, _backend, lambda ctx, _: _declares_standard(ctx, "e1"), feature=False),
+    "declares_e3": Need(DECLARATION, _backend, lambda ctx, _: _declares_standard(ctx, "e3"), feature=False),
+    "cpu_platform": Need(DECLARATION, _backend, _cpu_platform, feature=False),
+    "run_standard": Need(RUN, _this_run, _run_standard, feature=False),  # kvc_layouts(KIND)
+    # A feature that is several needs asks the backend's declaration first, so a check that cannot
+    # apply to what it declares is not applicable by declaration whatever the run or machine.
+    "standard_e1": Need(RUN, _this_run, lambda ctx, _: _standard_specific(ctx, "e1"), first=("declares_e1",)),
+    "standard_e3": Need(RUN, _this_run, lambda ctx, _: _standard_specific(ctx, "e3"), first=("declares_e3",)),
+    "compare_digests": Need(RUN, _this_run, _compare_digests),
+    "gpu": Need(MACHINE, _this_machine, _gpu, first=("cpu_platform",)),
+    "memory_2_31": Need(MACHINE, _this_machine, _memory_2_31),
 }
-FEATURES = ("fp8", "single_kv_head", "selector", "standard_e1", "standard_e3", "compare_digests", "gpu", "memory_2_31", "multi_layer", "connector_ops", "padding_slots",
-            "latent_padding_slots", "latent_multi_layer")
-# A feature that is several needs: the backend's declaration is asked first, so a check that
-# cannot apply to what it declares is not applicable by declaration whatever the run or machine.
-_IMPLIED = {"standard_e1": ("declares_e1", "standard_e1"), "standard_e3": ("declares_e3", "standard_e3"), "gpu": ("cpu_platform", "gpu")}
+FEATURES = tuple(name for name, need in NEEDS.items() if need.feature)  # what kvc_needs(...) may name
 
 
 def needs_of(item, golden_case=None) -> list[tuple[str, object]]:
@@ -253,9 +275,10 @@ def needs_of(item, golden_case=None) -> list[tuple[str, object]]:
     if golden_case is not None:
         wanted.append(("golden_case", golden_case))
     for feature in (m.args[0] for m in item.iter_markers("kvc_needs")):
-        if feature not in FEATURES:
+        row = NEEDS.get(feature)
+        if row is None or not row.feature:
             raise ValueError(f"kvc_needs: unknown feature {feature!r}; expected one of {FEATURES}")
-        wanted += [(need, None) for need in _IMPLIED.get(feature, (feature,))]
+        wanted += [(need, None) for need in (*row.first, feature)]
     order = list(NEEDS)
     return sorted(wanted, key=lambda pair: order.index(pair[0]))
 
@@ -263,12 +286,12 @@ def needs_of(item, golden_case=None) -> list[tuple[str, object]]:
 def not_applicable(ctx: Context, needs: list[tuple[str, object]]) -> NotApplicable | None:
     """The first unmet need, or None when the check applies."""
     for need, argument in needs:
-        kind, who, check = NEEDS[need]
-        what = check(ctx, argument)
+        row = NEEDS[need]
+        what = row.check(ctx, argument)
         if isinstance(what, tuple):
-            return NotApplicable(kind, *what)
+            return NotApplicable(row.kind, *what)
         if what:
-            return NotApplicable(kind, who(ctx), what)
+            return NotApplicable(row.kind, row.who(ctx), what)
     return None
 
 
@@ -296,14 +319,14 @@ def case_params(loaded, kind: str, standard: str) -> list[CaseParam]:
     layouts = backend.capabilities.layouts
     if kind == "latent":  # the latent checks sweep the declared record formats instead (sweeps.py)
         if backend.capabilities.latent is None:
-            return [CaseParam(loaded, None, NotApplicable(DECLARATION, f"backend {backend.name}", "declares no latent cache (MLA, fp8_ds_mla, indexer)"))]
+            return [CaseParam(loaded, None, by_declaration(backend, "declares no latent cache (MLA, fp8_ds_mla, indexer)"))]
         return [CaseParam(loaded, None)]
     if kind == "quant":  # the per-token-head checks parametrize their modes and orders themselves (harness/quant.py)
         if backend.capabilities.quant is None:
-            return [CaseParam(loaded, None, NotApplicable(DECLARATION, f"backend {backend.name}", "declares no per-token-head quantised cache"))]
+            return [CaseParam(loaded, None, by_declaration(backend, "declares no per-token-head quantised cache"))]
         return [CaseParam(loaded, None)]
     if not layouts:  # a latent-only backend: no K/V check applies to it
-        return [CaseParam(loaded, None, NotApplicable(DECLARATION, f"backend {backend.name}", "declares no K/V layout (latent caches only)"))]
+        return [CaseParam(loaded, None, by_declaration(backend, "declares no K/V layout (latent caches only)"))]
     if kind == "none":
         return [CaseParam(loaded, None)]
     if kind == "connector":  # E1: every layout is the standard; E3: those a connector runs with
@@ -314,7 +337,7 @@ def case_params(loaded, kind: str, standard: str) -> list[CaseParam]:
         chosen = list(layouts)
     else:
         raise ValueError(f"kvc_layouts: unknown kind {kind!r}; expected one of {LAYOUT_KINDS}")
-    return [CaseParam(loaded, layout) for layout in chosen] or [CaseParam(loaded, None, NotApplicable(DECLARATION, f"backend {backend.name}", f"declares no {kind} layout"))]
+    return [CaseParam(loaded, layout) for layout in chosen] or [CaseParam(loaded, None, by_declaration(backend, f"declares no {kind} layout"))]
 
 
 def reason_of(exc: BaseException, backend_name: str, case=None) -> NotApplicable | None:
@@ -336,3 +359,43 @@ def unavailable_backend(name: str, why: str, out_of_scope: bool = False) -> NotA
     if out_of_scope:
         return NotApplicable(DECLARATION, f"backend {name}", why)
     return NotApplicable(MACHINE, "this machine", f"cannot load backend {name}: {why}")
+
+
+# ----------------------------------------------------------------------------- found out while running
+def by_declaration(backend: Backend, what: str) -> NotApplicable:
+    """``backend`` declares nothing a check could run with: it lacks ``what``."""
+    return NotApplicable(DECLARATION, f"backend {backend.name}", what)
+
+
+def undeclared(backend: Backend, what: str) -> NotApplicableHere:
+    """For a check to raise when it finds out only while running (from its own parameters, a
+    sweep value) that what ``backend`` declares cannot hold the case it needs."""
+    return NotApplicableHere(by_declaration(backend, what))
+
+
+def no_digest_for(digests_path: str, layout: str, golden_case: str) -> NotApplicableHere:
+    """For the cross-machine check to raise when the ``--kvc-compare-digests`` file holds no
+    digest of this layout and golden case: a fact of this run's input, not of the backend."""
+    return NotApplicableHere(NotApplicable(RUN, f"--kvc-compare-digests {digests_path}", f"has no {layout} digest for {golden_case}"))
+
+
+def common_who(reasons: Iterable[OpUnavailable]) -> str | None:
+    """The one ``who`` these reasons name, or None when they name several."""
+    who = {exc.who for exc in reasons}
+    return who.pop() if len(who) == 1 else None
+
+
+def unavailable_again(known: OpUnavailable) -> OpUnavailable:
+    """A spec found unavailable before, raised afresh for a later example that draws it again."""
+    return OpUnavailable(str(known), who=known.who)
+
+
+def unavailable_for_every_candidate(reasons: list[OpUnavailable]) -> OpUnavailable:
+    """The whole test cannot run here: each spec it can draw raised one of ``reasons``."""
+    return OpUnavailable(f"every case the test can draw ({len(reasons)}): " + "; ".join(sorted({str(r) for r in reasons})),
+                         who=common_who(reasons))
+
+
+def unavailable_at_every_block_size(sizes: Iterable[int], last: OpUnavailable) -> OpUnavailable:
+    """A fixed check run at each of ``sizes`` (examples.run_at_path_block_sizes) ran at none."""
+    return OpUnavailable(f"at every block size {list(sizes)}: {last}", who=last.who)

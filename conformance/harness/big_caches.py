@@ -34,6 +34,7 @@ from kvconform.backends_under_test.contract import CacheSpec
 
 from .assertions import a_finding, assert_bytes_equal
 from .case import FP8_KV_CACHE_DTYPES, GUARD, Arena, Case, storage_of_its_own
+from .lazy_memory import lazy_mapping
 
 __tracebackhide__ = a_finding  # a failure shows from the check's line (assertions.a_finding)
 
@@ -60,14 +61,6 @@ def probe_geometry(case: Case, layout=None) -> tuple[R.Geometry, str]:
     # Kv-first layouts put block b at b·plane inside each plane: the last V block must still start past 2^31.
     blocks = LIMIT // per_block + 2 if layout.k_dims[0] != "2" else (LIMIT // (per_block // 2)) + 2
     return dataclasses.replace(one, num_blocks=blocks), kv_cache_dtype
-
-
-def lazy_mapping(nbytes: int) -> mmap.mmap:
-    """An anonymous *private* mapping. Python's default for ``mmap(-1, n)`` is a shared one, which
-    the kernel backs with a shmem file: a page read there is allocated, and ``mincore`` looks every
-    page up in the file (40 ms for 4 GiB on the CI machine). Private: a read maps the zero page
-    (no memory), and ``mincore`` skips the holes (1.5 ms)."""
-    return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
 def lazy_zeros(nbytes: int) -> torch.Tensor:

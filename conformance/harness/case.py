@@ -141,8 +141,15 @@ def storage_of_its_own(region: torch.Tensor) -> torch.Tensor:
     """``region`` as a tensor whose storage is exactly the cache: the guard bytes around it stay
     in memory (and in every comparison) but outside the storage the backend sees, so code that
     picks a path from ``untyped_storage().nbytes()`` (vLLM's whole-storage block copy) takes the
-    path a worker's exact-size allocation takes. DLPack shares the memory without copying."""
-    return torch.from_dlpack(region)
+    path a worker's exact-size allocation takes. DLPack shares the memory without copying; on a
+    device DLPack has no code for (a PrivateUse1 backend's) the region is handed over as it is, a
+    view whose storage is the whole guarded buffer (its guard bytes are still compared)."""
+    try:
+        return torch.from_dlpack(region)
+    except ValueError as exc:  # "Unknown device type … for Dlpack"
+        if "Dlpack" not in str(exc):
+            raise
+        return region
 
 
 def fixed_scales() -> tuple[torch.Tensor, torch.Tensor]:

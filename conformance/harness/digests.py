@@ -76,7 +76,7 @@ def entry_problem(entry) -> str | None:
     """Why one digest entry cannot be compared (None when it is well-formed and self-consistent)."""
     if not isinstance(entry, dict):
         return f"expected an object, got {type(entry).__name__}"
-    if entry.get("case") not in {c.name for c in CASES}:
+    if not isinstance(entry.get("case"), str) or entry["case"] not in {c.name for c in CASES}:
         return f"case {entry.get('case')!r} is not a golden case of this suite"
     for field in _TEXT_FIELDS:
         if not isinstance(entry.get(field), str) or not entry[field]:

@@ -25,6 +25,7 @@ from hypothesis import reject
 
 from kvconform.backends_under_test.contract import OpUnavailable
 
+from .applicability import unavailable_at_every_block_size
 from .assertions import a_finding
 
 __tracebackhide__ = a_finding  # a failure shows from the check's line (assertions.a_finding)
@@ -77,4 +78,4 @@ def run_at_path_block_sizes(check, case, sizes: tuple[int, ...]) -> None:
         ran.append(size)
     case.facts.block_sizes = ran
     if not ran:
-        raise OpUnavailable(f"at every block size {list(sizes)}: {last}", who=last.who)
+        raise unavailable_at_every_block_size(sizes, last)

@@ -15,6 +15,8 @@ import hashlib
 from kvconform.backends_under_test.contract import CacheSpec, OpUnavailable
 from kvconform.reports.coverage import geometry_classes
 
+from .applicability import unavailable_again, unavailable_for_every_candidate
+
 
 COMPARED_HASHED = 1 << 22  # bytes of one compared arena that enter the result digest
 
@@ -72,12 +74,6 @@ def key_of(spec) -> tuple:
     return spec_key(spec.layout, spec.model_dtype, spec.kv_cache_dtype, spec.geometry)
 
 
-def common_who(reasons) -> str | None:
-    """The one ``who`` these reasons name, or None when they name several."""
-    who = {exc.who for exc in reasons}
-    return who.pop() if len(who) == 1 else None
-
-
 @dataclasses.dataclass
 class UnavailableSpecs:
     """The specs of one test this machine cannot run, and the spec the current example runs."""
@@ -90,12 +86,10 @@ class UnavailableSpecs:
         self.current = key_of(spec)
         known = self.reasons.get(self.current)
         if known is not None:
-            raise OpUnavailable(str(known), who=known.who)
+            raise unavailable_again(known)
 
     def every_candidate(self, candidates: set[tuple]) -> OpUnavailable | None:
         """One ``OpUnavailable`` for the test once every spec it can draw is known unavailable."""
         if not candidates or not candidates <= set(self.reasons):
             return None
-        reasons = sorted({str(self.reasons[k]) for k in candidates})
-        return OpUnavailable(f"every case the test can draw ({len(candidates)}): " + "; ".join(reasons),
-                             who=common_who(self.reasons[k] for k in candidates))
+        return unavailable_for_every_candidate([self.reasons[k] for k in candidates])

@@ -19,7 +19,7 @@ from kvconform.backends_under_test.latent_contract import LatentSpec
 
 from kvconform import reference as R
 
-from .applicability import DECLARATION, NotApplicable, NotApplicableHere
+from .applicability import NotApplicableHere, undeclared
 from .assertions import SHOWN, ConformanceFailure, a_finding
 from .big_caches import LIMIT, PAGE, lazy_zeros, touched_pages
 from .case import GUARD, Case, random_bytes, storage_of_its_own
@@ -64,7 +64,7 @@ def declared_op(case: Case, fmt, verb: str) -> str:
     """The op that does ``verb`` (write, gather) on ``fmt``'s cache; not applicable when undeclared."""
     op = OPS[verb][fmt.kind == "indexer"]
     if op not in case.backend.capabilities.latent.ops:
-        raise NotApplicableHere(NotApplicable(DECLARATION, f"backend {case.backend.name}", f"does not declare op '{op}' ({fmt.label()})"))
+        raise undeclared(case.backend, f"does not declare op '{op}' ({fmt.label()})")
     return op
 
 
@@ -81,7 +81,8 @@ def allocate(case: Case, spec: LatentSpec, *, host: bool = False, seed_offset: i
         data = torch.zeros(2 * GUARD + nbytes, dtype=torch.uint8)
     else:
         data = random_bytes(2 * GUARD + nbytes, torch.Generator().manual_seed(case.seed * 7919 + 31 + seed_offset))
-    arena = LatentArena(data if host else data.to(case.device), spec)
+    # A host cache is pinned where a GPU is (as vLLM's): a device kernel reaches it directly (UVA).
+    arena = LatentArena((data.pin_memory() if torch.cuda.is_available() else data) if host else data.to(case.device), spec)
     case.facts.geometry = spec.geometry.short()
     arena.cache = case.backend.latent_allocate(storage_of_its_own(arena.region), spec)
     return arena
@@ -353,7 +354,7 @@ def _differing_in_pages(want: torch.Tensor, got: torch.Tensor, pages: torch.Tens
 def assert_rows_equal(prop: str, case: Case, expected: torch.Tensor, actual: torch.Tensor, what: str, dims: tuple[str, ...]) -> None:
     """A reader's output equals the reference's bit for bit (shape, dtype, every byte); a failure
     names the first differing rows by ``dims`` with their expected and actual bytes."""
-    got = actual.detach().cpu()
+    got, expected = actual.detach().cpu(), expected.cpu()  # a probe's reference twin lives on the device
     if got.shape != expected.shape or got.dtype != expected.dtype:
         raise ConformanceFailure(f"{prop}: {what}: expected {tuple(expected.shape)} {expected.dtype}, actual {tuple(got.shape)} {got.dtype}\n  repro: {case.repro}",
                                  {"property": prop, "mismatches": [{"where": what, "expected": f"{tuple(expected.shape)} {expected.dtype}",

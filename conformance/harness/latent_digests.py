@@ -9,20 +9,19 @@ the spec itself changes, and say why in the commit).
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import torch
 
 from kvconform import reference as R
 
+from . import golden_digest_files as files
+from .golden_digest_files import PLATFORMS, digest
 from .latent import LatentArena, default_scale, latent_rows, reference_write
 
 SCHEMA = "kvconform-latent-digests/1"
 PATH = Path(__file__).with_name("latent_digests.json")
 BLOCKS, BLOCK_SIZE, SEED = 4, 16, 20261204
-PLATFORMS = (("cuda", "sm90"), ("rocm", "gfx942"), ("rocm", "gfx950"))
 
 
 def golden_inputs(fmt):
@@ -37,10 +36,6 @@ def golden_geometry(fmt) -> R.latent.LatentGeometry:
     return R.latent.LatentGeometry(num_blocks=BLOCKS, block_size=BLOCK_SIZE, fmt=fmt)
 
 
-def digest(region: torch.Tensor) -> str:
-    return hashlib.sha256(region.detach().cpu().numpy().tobytes()).hexdigest()
-
-
 def reference_bytes(fmt) -> torch.Tensor:
     """The reference's golden cache of ``fmt`` (a zeroed cache, then the golden write)."""
     from kvconform.backends_under_test.latent_contract import LatentSpec
@@ -53,21 +48,19 @@ def reference_bytes(fmt) -> torch.Tensor:
 
 
 def load() -> dict[str, str]:
-    document = json.loads(PATH.read_text())
-    if document.get("schema") != SCHEMA:
-        raise ValueError(f"{PATH}: schema {document.get('schema')!r}, expected {SCHEMA}")
-    return document["digests"]
+    return files.load(PATH, SCHEMA)
+
+
+def reference_digests() -> dict[str, str]:
+    """The digest of every format reference_mla declares on each platform of ``PLATFORMS``."""
+    from kvconform.backends_under_test.reference_mla import latent_formats
+
+    return files.one_per_label((fmt.label(), f"{platform}/{arch}", digest(reference_bytes(fmt)))
+                               for platform, arch in PLATFORMS for fmt in latent_formats(platform, arch))
 
 
 def regenerate() -> dict[str, str]:
-    """Digest every format reference_mla declares on each platform of ``PLATFORMS``; write the file."""
-    from kvconform.backends_under_test.reference_mla import latent_formats
-
-    digests = {}
-    for platform, arch in PLATFORMS:
-        for fmt in latent_formats(platform, arch):
-            value = digest(reference_bytes(fmt))
-            if digests.setdefault(fmt.label(), value) != value:
-                raise AssertionError(f"{fmt.label()} hashes differently on {platform}/{arch}: its label does not name its bytes")
-    PATH.write_text(json.dumps({"schema": SCHEMA, "geometry": f"B{BLOCKS} N{BLOCK_SIZE}", "seed": SEED, "digests": dict(sorted(digests.items()))}, indent=1) + "\n")
+    """Write :func:`reference_digests` to the file."""
+    digests = reference_digests()
+    files.write(PATH, SCHEMA, {"geometry": f"B{BLOCKS} N{BLOCK_SIZE}", "seed": SEED}, digests)
     return digests

@@ -18,7 +18,7 @@ from kvconform.backends_under_test.quant_contract import QuantSpec
 from kvconform.reference import quant_codecs as QC
 from kvconform.reference import quant_layouts as QL
 
-from .applicability import DECLARATION, NotApplicable, NotApplicableHere
+from .applicability import undeclared
 from .assertions import SHOWN, ConformanceFailure, a_finding
 from .case import GUARD, Case, random_bytes
 
@@ -28,13 +28,12 @@ __tracebackhide__ = a_finding  # a failure shows from the check's line (assertio
 def declared(case: Case, op: str, mode: str, order: str):
     """The backend's quant declaration; not applicable when it lacks ``op``, ``mode`` or ``order``."""
     caps = case.backend.capabilities.quant
-    who = f"backend {case.backend.name}"
     for lacks, what in ((caps is None, "declares no per-token-head quantised cache"),
                         (caps is not None and op not in caps.ops, f"does not declare op '{op}'"),
                         (caps is not None and mode not in caps.modes, f"does not declare kv_cache_dtype {mode}"),
                         (caps is not None and order not in caps.orders, f"does not declare the {order} order for {mode}")):
         if lacks:
-            raise NotApplicableHere(NotApplicable(DECLARATION, who, what))
+            raise undeclared(case.backend, what)
     return caps
 
 
@@ -46,15 +45,14 @@ def quant_spec(case: Case, op: str, mode: str, order: str, *, num_blocks: int = 
     """A small cache inside the declaration (the first declared block size and head size the mode
     can take, most heads); not applicable when the mode can take none (QL.unmet)."""
     caps = declared(case, op, mode, order)
-    who = f"backend {case.backend.name}"
     if num_layers not in caps.num_layers:
-        raise NotApplicableHere(NotApplicable(DECLARATION, who, f"declares quant num_layers={caps.num_layers}, not {num_layers}"))
+        raise undeclared(case.backend, f"declares quant num_layers={caps.num_layers}, not {num_layers}")
     if block_size is not None and block_size not in caps.block_sizes:
-        raise NotApplicableHere(NotApplicable(DECLARATION, who, f"declares quant block sizes {caps.block_sizes}, not {block_size}"))
+        raise undeclared(case.backend, f"declares quant block sizes {caps.block_sizes}, not {block_size}")
     fits = [(n, d) for n in ((block_size,) if block_size else caps.block_sizes) for d in ((head_size,) if head_size else caps.head_sizes) if not QL.unmet(mode, n, d)]
     if not fits:
         why = QL.unmet(mode, caps.block_sizes[0], head_size or caps.head_sizes[0]) or f"head size {head_size} is not declared"
-        raise NotApplicableHere(NotApplicable(DECLARATION, who, f"declares block sizes {caps.block_sizes} and head sizes {caps.head_sizes}: {why}"))
+        raise undeclared(case.backend, f"declares block sizes {caps.block_sizes} and head sizes {caps.head_sizes}: {why}")
     g = QL.QuantGeometry(num_blocks=num_blocks, block_size=fits[0][0], num_kv_heads=num_kv_heads or max(caps.num_kv_heads),
                          head_size=fits[0][1], mode=mode, order=order, num_layers=num_layers)
     return QuantSpec(geometry=g, layer=layer, k_scale=CHECKPOINT_SCALES[0], v_scale=CHECKPOINT_SCALES[1])
@@ -116,12 +114,19 @@ def token_rows(spec: QuantSpec, tokens: int, seed: int, spread: float = 3.0) -> 
     return key, value
 
 
+def platform_of(case: Case) -> dict:
+    """The backend's platform and arch, which choose the fp8 variant and its bound (QC.code_dtype):
+    the reference computes what *this* platform's writer stores."""
+    return {"platform": case.backend.platform, "arch": case.backend.arch()}
+
+
 def write_and_compare(case: Case, spec: QuantSpec, key, value, slot_mapping, note: str = "", arena=None, expected=None) -> tuple[QuantArena, torch.Tensor]:
     """Backend write beside the reference's; the whole arena must equal the reference's."""
     if arena is None:
         arena, expected = allocate(case, spec)
     pristine = [t.detach().cpu().clone() for t in (key, value, slot_mapping)]
-    QC.write(*pristine[:2], region_of(expected, spec.geometry), spec.geometry, pristine[2], layer=spec.layer, k_scale=spec.k_scale, v_scale=spec.v_scale)
+    QC.write(*pristine[:2], region_of(expected, spec.geometry), spec.geometry, pristine[2], layer=spec.layer, k_scale=spec.k_scale, v_scale=spec.v_scale,
+             **platform_of(case))
     dev = case.device
     inputs = (key.to(dev), value.to(dev), slot_mapping.to(dev))
     case.backend.quant_write(arena.cache, *inputs, spec)

@@ -19,7 +19,7 @@ from kvconform import reference as R
 from kvconform.backends_under_test.contract import Backend
 from kvconform.reports.coverage import ADDRESS_CLASSES, cache_dtype_label, is_power_of_two
 
-from .applicability import DECLARATION, CaseParam, NotApplicable
+from .applicability import CaseParam, by_declaration
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +181,7 @@ def expand(fixturenames, params: list[CaseParam], latent_selectors=()) -> tuple[
             swept = latent_formats(param.loaded.backend, None, latent_selectors) if name == "latent_format" else SWEEPS[name](param.loaded.backend, param.layout)
         if not swept:
             what = _NONE[name].format(" or ".join(latent_selectors or ("any",)))
-            param = dataclasses.replace(param, reason=NotApplicable(DECLARATION, f"backend {param.loaded.backend.name}", what))
+            param = dataclasses.replace(param, reason=by_declaration(param.loaded.backend, what))
             swept = [None]
         for value in swept:
             values.append((param, value))

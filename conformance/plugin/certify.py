@@ -8,6 +8,11 @@ no GPU, too little memory, another ``--standard`` — is not a certification), a
 results document is refused, and no declared capability may have an empty coverage cell.
 Then the submission bundle is written to DIR (reports/submission.py); otherwise nothing is
 written, the reasons are printed and the run fails.
+
+The canary (``harness/canary.py``) is computed at the end of the run in the controller and in
+every xdist worker — processes that imported the backends and ran them — and in a fresh Python
+that never imported a backend, started when the run starts: any difference refuses
+certification, naming the op. Its digests go in the bundle (``canary.json``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import pytest
 
 from kvconform.reports import submission
 
+from ..harness import canary
+from ..harness.digests import header
 from . import collection, options
 
 
@@ -57,6 +64,27 @@ def _whole_suite(arg: str, config) -> bool:
         return False
 
 
+def backend_modules(backends: dict) -> list[str]:
+    """The modules that hold the run's backends: their classes' and any ``pkg.module:attr`` named."""
+    found = {spec.partition(":")[0] for spec in (loaded.spec for loaded in backends.values())
+             if ":" in spec and not spec.startswith(("mutant:", "fault:", "vllm:"))}
+    found |= {type(loaded.backend).__module__ for loaded in backends.values() if loaded.backend is not None}
+    return sorted(found)
+
+
+CANARY = "kvconform-canary"  # an xdist worker's canary digests, in its workeroutput
+
+
+class WorkerCanary:
+    """On an xdist worker of a certified run: the canary as this process computes it at its end."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def pytest_sessionfinish(self):
+        self.config.workeroutput[CANARY] = canary.digests()
+
+
 class Certifier:
     """A pytest plugin object on the controller: the verdict and the bundle, from the recorder's
     results and the tests it saw selected."""
@@ -65,24 +93,46 @@ class Certifier:
         self.run = run
         self.problems: list[str] = []
         self.checksum: str | None = None
+        self.workers: dict[str, dict] = {}
+        # the clean side runs while the suite does (a fresh Python: a few seconds of imports)
+        self.clean = canary.start_clean(backend_modules(run.backends))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):
+        digests = getattr(node, "workeroutput", {}).get(CANARY)
+        if digests is not None:
+            self.workers[node.gateway.id] = digests
+
+    def canary_problems(self) -> tuple[dict, list[str]]:
+        """The canary of this process, and what differs from the clean process's in it or in any worker's."""
+        here = canary.digests()
+        try:
+            clean = canary.finish_clean(self.clean)
+        except canary.CanaryError as exc:
+            return here, [f"canary: {exc}"]
+        problems = [f"canary (this process): {d}" for d in canary.differences(here, clean)]
+        for worker, digests in sorted(self.workers.items()):
+            problems += [f"canary (xdist worker {worker}): {d}" for d in canary.differences(digests, clean)]
+        return here, problems
 
     @pytest.hookimpl(trylast=True)  # after the recorder has its records
     def pytest_sessionfinish(self, session):
-        from ..harness.digests import header
-
         recorder = session.config.pluginmanager.get_plugin("kvconform-results")
         document = recorder.document()
         collected = sorted({test_id for test_id in map(collection.suite_test_id, recorder.selected or ()) if test_id})
         self.problems = submission.certification_problems(document, collected)
         if not collected:
             self.problems.append("no test was collected")
+        canary_digests, canary_problems = self.canary_problems()
+        self.problems += canary_problems
         if self.problems:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
             return
         argv = [sys.executable, "-m", "pytest", *session.config.invocation_params.args]
         command = {"argv": argv, "line": shlex.join(argv), "cwd": str(session.config.invocation_params.dir)}
         self.checksum = submission.write_bundle(self.run.options.certify, document, collected=collected,
-                                                must_pass=collection.must_pass(), command=command, digests_header=header())
+                                                must_pass=collection.must_pass(), command=command, digests_header=header(),
+                                                canary=canary_digests)
 
     def pytest_terminal_summary(self, terminalreporter):
         terminalreporter.write_sep("=", "kvconform certification")

@@ -15,18 +15,25 @@ import dataclasses
 import fnmatch
 import functools
 import importlib
+import inspect
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:  # the plugin loads without torch: these are imported only with the backends
+    from kvconform.backends_under_test.registry import Loaded
+    from kvconform.conformance.harness.applicability import NotApplicable
+    from kvconform.reference.layouts import Layout
 
 SUITE = "kvconform.conformance"
 
 
 @functools.cache
 def suite_dir() -> Path:
-    return Path(importlib.import_module(SUITE).__file__).parent.resolve()
+    return Path(inspect.getfile(importlib.import_module(SUITE))).parent.resolve()
 
 
 def is_suite_path(path) -> bool:
@@ -62,8 +69,9 @@ def suite_requested(config) -> bool:
     return any(targets_suite(arg, config.option.pyargs, config.invocation_params.dir) for arg in config.args)
 
 
-def test_id(item) -> str:
-    """``conformance/<file>::<name>``: the same for a checkout, an installed run and ``kvconform run``."""
+def test_id(item) -> str | None:
+    """``conformance/<file>::<name>``: the same for a checkout, an installed run and ``kvconform run``
+    (None for an item that is not a check)."""
     return suite_test_id(f"{Path(item.path).name}::{item.name}")
 
 
@@ -97,13 +105,13 @@ class Planned:
     """What is known of one suite test before it runs (kept in ``item.stash[PLANNED]``)."""
 
     test_id: str
-    loaded: object  # registry.Loaded
-    layout: object  # reference Layout, or None
+    loaded: Loaded
+    layout: Layout | None
     family: str
     clauses: tuple[str, ...]
     repro: str
     needs: tuple[str, ...]  # the applicability needs it states (kvc_needs features)
-    reason: object = None  # applicability.NotApplicable: it does not apply here, and why
+    reason: NotApplicable | None = None  # it does not apply here, and why
     expected: str | None = None  # an expectations entry Fail/Crash: "expected Fail (FILE:LINE: reason)"
     skip: str | None = None  # an expectations entry Skip, in words
 
@@ -121,6 +129,8 @@ class Planned:
 
 def plan(item, run) -> Planned | None:
     """The plan of one suite test: identity, applicability, expectations; None for other items."""
+    # Not at the top: this module loads in every pytest of the environment (hooks.py), and these
+    # import the report library (~20-40 ms, measured) and torch.
     from kvconform.reports import expectations
 
     from ..harness.applicability import Context, needs_of, not_applicable
@@ -136,6 +146,8 @@ def plan(item, run) -> Planned | None:
                       huge=run.options.huge, compare_digests=run.compare is not None)
         reason = not_applicable(ctx, needs_of(item, callspec.params.get("golden_case")))
     identity = test_id(item)
+    if identity is None:  # not a check module's test, though parametrized like one
+        return None
     planned = Planned(
         test_id=identity, loaded=loaded, layout=param.layout, reason=reason,
         family=next((m.name for m in item.iter_markers() if m.name in FAMILIES), "other"),

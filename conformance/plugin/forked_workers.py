@@ -18,15 +18,24 @@ itself) when the zygote cannot fork it the same: an environment variable read wh
 libraries import differs, the command is not ``[-u] [-B] -c CODE``, or the zygote is gone.
 ``--kvc-fresh-workers`` turns forking off.
 
+The zygote is kvconform's one fork server: the own tests start theirs with the modules a suite run
+imports (``Zygote(warm=…)``) and fork each ``python -m MODULE`` they run from it (:func:`fork`,
+tests/fork_server.py), each child in its own process group so that a command past its time is
+killed with what it started. Protocol on the Unix socket: the client sends one byte with its
+stdin, stdout and stderr attached, then one JSON line ``{"argv", "cwd", "env", "own_group"}``; the
+zygote answers :data:`FRESH`, or the child's pid and then its exit status, one line each.
+
 This module is also the zygote's and the launcher's program, so it imports only the standard library.
 """
 
 from __future__ import annotations
 
 import builtins
+import faulthandler
 import io
 import json
 import os
+import runpy
 import selectors
 import shlex
 import signal
@@ -35,14 +44,18 @@ import subprocess
 import sys
 import traceback
 import types
+import warnings
+from collections.abc import Mapping, Sequence
 
 WARM = ("torch", "numpy")
-# Read by the interpreter or by a library of WARM while it is imported: a worker whose value
+# Read by the interpreter or by an installed library while it is imported: a command whose value
 # differs from the zygote's is started as a new Python.
-IMPORT_TIME_ENV = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "MKL_", "OPENBLAS", "CUDA", "HIP_", "ROCR_", "HSA_", "LD_", "KMP_", "GOMP_")
-# Python's own variables that the child applies itself (sys.path, bytecode, buffering).
-APPLIED_PYTHON_ENV = {"PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED"}
+IMPORT_TIME_ENV = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "MKL_", "OPENBLAS", "CUDA", "HIP_", "ROCR_", "HSA_", "LD_", "KMP_", "GOMP_",
+                   "HYPOTHESIS")
+# Python's own variables that the child applies itself (sys.path, bytecode, buffering, faulthandler).
+APPLIED_PYTHON_ENV = {"PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER"}
 FLAGS = {"-u", "-B"}  # what execnet's popen gateway passes before ``-c``
+RUNS = ("-c", "-m")  # what the child can run: code, or a module as ``python -m`` runs it
 FRESH = "fresh"  # the zygote's answer when it cannot fork the request
 LISTENING = "listening"  # the zygote's one line on stdout once launchers can reach it
 # The zygote prints that line before it imports anything; a zygote silent this long is stuck, and
@@ -50,25 +63,31 @@ LISTENING = "listening"  # the zygote's one line on stdout once launchers can re
 LISTEN_TIMEOUT_S = 30.0
 
 
-def import_time_env(env: dict) -> dict:
+def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV) and k not in APPLIED_PYTHON_ENV}
 
 
 def forkable(argv: list[str]) -> bool:
-    """``[-u] [-B] -c CODE [ARG …]``: the only command line the child can become."""
-    flags = argv[:argv.index("-c")] if "-c" in argv else None
-    return flags is not None and set(flags) <= FLAGS and len(argv) > len(flags) + 1
+    """``[-u] [-B] -c CODE [ARG …]`` or ``[-u] [-B] -m MODULE [ARG …]``: the command lines the child can become."""
+    at = next((i for i, arg in enumerate(argv) if arg in RUNS), None)
+    return at is not None and set(argv[:at]) <= FLAGS and len(argv) > at + 1
 
 
 # ----------------------------------------------------------------------------- controller side
 class Zygote:
-    """The controller's handle: the zygote process and the gateway spec that reaches it."""
+    """The starter's handle: the zygote process and the gateway spec that reaches it."""
 
-    def __init__(self):
+    def __init__(self, warm: Sequence[str] = WARM):
+        """``warm``: the modules the zygote imports (after it listens), each a name of an installed module."""
         # An abstract socket (Linux): no file to clean up, no path-length limit.
         self.address = f"\0kvconform-zygote-{os.getpid()}-{os.urandom(6).hex()}"
         self.proc = subprocess.Popen([sys.executable, "-c", "import runpy, sys; del sys.argv[0]; runpy.run_path(sys.argv[0], run_name='__main__')",
-                                      __file__, "serve", self.address.encode().hex()], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+                                      __file__, "serve", self.address.encode().hex()], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:  # on stdin: a list of a whole suite run's modules is longer than a command line may be
+            self.proc.stdin.write(json.dumps(list(warm)).encode())
+            self.proc.stdin.close()
+        except OSError:  # it has ended already: listening() says so
+            pass
         self._listening: bool | None = None
 
     def listening(self) -> bool:
@@ -119,8 +138,8 @@ def use(config, zygote: Zygote) -> int:
 
 # ----------------------------------------------------------------------------- the zygote
 def serve(address: str) -> None:
-    """Listen first (launchers queue until the imports are done), import WARM, then fork a child
-    per request until the controller has ended and every child with it."""
+    """Listen first (launchers queue until the imports are done), import the modules named on
+    stdin, then fork a child per request until the starter has ended and every child with it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the controller's to handle; it stops this process
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
@@ -129,11 +148,13 @@ def serve(address: str) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # the controller reads that one line; a worker's stdout is its launcher's
     os.close(devnull)
-    for name in WARM:
-        try:
-            __import__(name)
-        except Exception:  # noqa: BLE001 - not installed, or fails here: each worker imports it itself
-            pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in json.load(sys.stdin):
+            try:
+                __import__(name)
+            except BaseException:  # noqa: BLE001 - not installed, or imports only in context: each child imports it itself
+                pass
     own_env = import_time_env(os.environ)
     own_path = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
     base_path = [p for p in sys.path[1:] if os.path.abspath(p) not in own_path]  # after '' and PYTHONPATH
@@ -151,20 +172,20 @@ def serve(address: str) -> None:
                     continue
                 children[pid] = conn
                 selector.register(conn, selectors.EVENT_READ, pid)
-            else:  # the launcher ended before its child: as when xdist kills a worker, the child goes too
+            else:  # the launcher (or client) ended before its child: as when xdist kills a worker, the child goes too
                 _signal(key.data, signal.SIGKILL)
         while children:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
-            conn = children.pop(pid, None)
-            if conn is not None:
-                selector.unregister(conn)
+            ended = children.pop(pid, None)
+            if ended is not None:
+                selector.unregister(ended)
                 try:
-                    conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+                    ended.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
                 except OSError:
                     pass
-                conn.close()
+                ended.close()
 
 
 def _fork_request(conn: socket.socket, own_env: dict, base_path: list[str], held: list) -> int | None:
@@ -191,14 +212,22 @@ def _fork_request(conn: socket.socket, own_env: dict, base_path: list[str], held
         _become(request, fds, base_path)
     for fd in fds:
         os.close(fd)
+    if request.get("own_group"):
+        try:
+            os.setpgid(pid, pid)  # here too, so that the group exists before the client may kill it
+        except OSError:  # the child did it first, or has ended
+            pass
     conn.sendall(f"{pid}\n".encode())
     return pid
 
 
 def _become(request: dict, fds: list[int], base_path: list[str]) -> None:
-    """In the forked child: be ``python [-u] [-B] -c CODE ARGS`` as the launcher was asked, and
-    end as that Python ends (SystemExit unwinds out of the zygote's loop; the interpreter's exit
-    waits for threads, runs atexit handlers and flushes, as in a new Python); never returns."""
+    """In the forked child: be ``python [-u] [-B] -c CODE ARGS`` or ``python [-u] [-B] -m MODULE
+    ARGS`` as the client asked, and end as that Python ends (SystemExit unwinds out of the zygote's
+    loop; the interpreter's exit waits for threads, runs atexit handlers and flushes, as in a new
+    Python); never returns."""
+    if request.get("own_group"):
+        os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python sets them up
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -209,21 +238,31 @@ def _become(request: dict, fds: list[int], base_path: list[str]) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     argv = request["argv"]
-    at = argv.index("-c")
-    flags, source, args = set(argv[:at]), argv[at + 1], argv[at + 2:]
+    at = next(i for i, arg in enumerate(argv) if arg in RUNS)
+    flags, run, target, args = set(argv[:at]), argv[at], argv[at + 1], argv[at + 2:]
     unbuffered = "-u" in flags or bool(os.environ.get("PYTHONUNBUFFERED"))
     sys.dont_write_bytecode = "-B" in flags or bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
     sys.stdin, sys.stdout, sys.stderr = _stream(0, "r", False), _stream(1, "w", unbuffered), _stream(2, "w", True)
-    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+    # typeshed declares these Final; a fresh interpreter's are its standard streams, so the forked one's must be.
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr  # type: ignore[misc]
+    if os.environ.get("PYTHONFAULTHANDLER"):
+        faulthandler.enable()
+    else:
+        faulthandler.disable()
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:] = ["", *(os.path.abspath(p) for p in extra), *base_path]
+    # What Python puts first: "" for -c, the working directory for -m.
+    sys.path[:] = ["" if run == "-c" else os.getcwd(), *(os.path.abspath(p) for p in extra), *base_path]
     sys.path_importer_cache.clear()
-    sys.argv = ["-c", *args]
-    main = types.ModuleType("__main__")
-    main.__builtins__ = builtins
-    sys.modules["__main__"] = main
     try:
-        exec(compile(source, "<string>", "exec"), main.__dict__)
+        if run == "-c":
+            sys.argv = ["-c", *args]
+            main = types.ModuleType("__main__")
+            main.__dict__["__builtins__"] = builtins
+            sys.modules["__main__"] = main
+            exec(compile(target, "<string>", "exec"), main.__dict__)
+        else:
+            sys.argv = ["-m", *args]  # run_module makes the first the module's file
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
     except SystemExit:
         raise
     except BaseException:  # noqa: BLE001 - as an uncaught exception ends Python
@@ -244,28 +283,54 @@ def _stream(fd: int, mode: str, write_through: bool):
                             write_through=write_through)
 
 
-# ----------------------------------------------------------------------------- the launcher
-def launch(address: str, argv: list[str]) -> None:
-    """What xdist starts instead of Python: hand stdin, stdout, stderr and the command to the
-    zygote and exit as its child does; run Python itself when the zygote cannot fork it."""
+# ----------------------------------------------------------------------------- a client
+class Forked:
+    """A command the zygote forked: its pid, and its exit status once it ends."""
+
+    def __init__(self, conn: socket.socket, answers: io.BufferedReader, pid: int):
+        self.conn, self.answers, self.pid = conn, answers, pid
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The child's exit status (``-N``: ended by signal N); TimeoutError past ``timeout`` seconds."""
+        self.conn.settimeout(timeout)
+        status = self.answers.readline().decode().strip()
+        return int(status) if status else 1
+
+    def close(self) -> None:
+        """Let go of it: a child still running is killed by the zygote."""
+        self.answers.close()
+        self.conn.close()
+
+
+def fork(address: str, argv: list[str], fds: Sequence[int], *, cwd: str, env: Mapping[str, str], own_group: bool = False) -> Forked | None:
+    """Ask the zygote at ``address`` to fork ``python ARGV`` with ``fds`` as its stdin, stdout and
+    stderr; None when it cannot (it is gone, or answered FRESH): then start a new Python."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(address)
-        socket.send_fds(conn, [b"\0"], [0, 1, 2])
-        conn.sendall((json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}) + "\n").encode())
-        lines = conn.makefile("rb")
-        answer = lines.readline().decode().strip()
+        socket.send_fds(conn, [b"\0"], list(fds))
+        conn.sendall((json.dumps({"argv": list(argv), "cwd": cwd, "env": dict(env), "own_group": own_group}) + "\n").encode())
+        answers = conn.makefile("rb")
+        answer = answers.readline().decode().strip()
     except OSError:
         answer = FRESH
     if answer == FRESH or not answer:
         conn.close()
+        return None
+    return Forked(conn, answers, int(answer))
+
+
+# ----------------------------------------------------------------------------- the launcher
+def launch(address: str, argv: list[str]) -> None:
+    """What xdist starts instead of Python: hand stdin, stdout, stderr and the command to the
+    zygote and exit as its child does; run Python itself when the zygote cannot fork it."""
+    child = fork(address, argv, [0, 1, 2], cwd=os.getcwd(), env=os.environ)
+    if child is None:
         os.execv(sys.executable, [sys.executable, *argv])
-    child = int(answer)
     # SIGINT from a terminal reaches the child itself (same process group); xdist's SIGTERM is passed on.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: _signal(child, signal.SIGTERM))
-    status = lines.readline().decode().strip()
-    code = int(status) if status else 1
+    signal.signal(signal.SIGTERM, lambda *_: _signal(child.pid, signal.SIGTERM))
+    code = child.wait()
     if code < 0:  # ended by a signal: so does the launcher, for whoever waits on it
         if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
             signal.signal(-code, signal.SIG_DFL)

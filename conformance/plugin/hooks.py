@@ -8,8 +8,9 @@ free, options.py), and nothing below ``pytest_configure`` happens unless the run
 
 The path of one verdict (docs/ARCHITECTURE.md):
 
-1. start-up (session.py): options, backends, expectations, validated once; bad input is one
-   ``InputError``, turned into a usage error here;
+1. start-up: the run planned from its options (run_plan.py), then wired (session.py): options,
+   backends, expectations, validated once; bad input is one ``InputError``, turned into a usage
+   error here;
 2. collection: every check is parametrized with the backends' (layout, sweep value) cases
    (harness/applicability.py, harness/sweeps.py) and planned (collection.Planned: identity,
    a not-applicable reason, an expectations entry);
@@ -24,15 +25,27 @@ import atexit
 import copy
 import inspect
 import sys
+import traceback
+from typing import TYPE_CHECKING
 
 import pytest
 
 from kvconform.errors import InputError
 
-from . import collection, forked_workers, options, quiet_exit, scheduling
-from .session import ALIASES_LEFT, RUN, SuiteRun
+from . import collection, forked_workers, options, quiet_exit, watchdog
+
+if TYPE_CHECKING:
+    from .session import SuiteRun
+
+# This module is loaded by every pytest of the environment, before the xdist zygote is started
+# (pytest_load_initial_conftests): what it imports at its top, it imports in every such run and
+# before the zygote could import it alongside. The session, the harness and torch (~3.4 s here,
+# measured) are therefore imported inside the hooks of a suite run that use them; a second
+# import of a module is a dictionary look-up.
 
 ENTRY_POINT = "kvconform"
+RUN: pytest.StashKey[SuiteRun] = pytest.StashKey()  # the suite run, once it has started
+ALIASES_LEFT = pytest.StashKey[list]()  # short option spellings a conftest or plugin owns here
 STATE = pytest.StashKey[dict]()  # per item: the verdict so far
 ZYGOTE = pytest.StashKey[forked_workers.Zygote]()
 
@@ -82,12 +95,12 @@ def pytest_configure(config):
                                     "run it with: pytest --pyargs kvconform.conformance …")
         return
     atexit.register(quiet_exit.drop_triton_leak_report)  # before the run imports torch and Triton: it runs after their handlers
+    from . import session
+
     try:
-        config.stash[RUN] = SuiteRun.start(config)
+        config.stash[RUN] = session.start(config)
     except InputError as exc:  # the one place bad input becomes a usage error (exit 4)
         raise pytest.UsageError(str(exc)) from exc
-    if getattr(config.option, "numprocesses", None) or hasattr(config, "workerinput"):  # xdist: scheduling.py
-        config.pluginmanager.register(scheduling.Scheduler(config.stash[RUN]), "kvconform-scheduling")
     if zygote and not forked_workers.use(config, zygote):  # no worker to fork: the header must not say so
         zygote.stop()
         del config.stash[ZYGOTE]
@@ -110,7 +123,7 @@ def pytest_report_header(config):
     run = config.stash.get(RUN, None)
     if not run:
         return None
-    lines = run.header(config)
+    lines = run.header(config, config.stash.get(ALIASES_LEFT, []))
     if ZYGOTE in config.stash:
         lines.append("kvconform: workers forked from a Python that loaded torch (--kvc-fresh-workers)")
     return lines
@@ -278,8 +291,6 @@ def pytest_runtest_protocol(item, nextitem):
     run, planned = item.config.stash.get(RUN, None), item.stash.get(collection.PLANNED, None)
     if not (run and run.options.timeout and planned):
         return (yield)
-    from . import watchdog
-
     recorder = item.config.pluginmanager.get_plugin("kvconform-results")  # None on an xdist worker
     last_words = (lambda: recorder.finish_timed_out(item.config, planned)) if recorder else None
     timer = watchdog.start(run.options.timeout, run.options.json_path, planned.test_id, last_words)
@@ -296,8 +307,6 @@ def pytest_runtest_call(item):
     mutant) and keeps the traceback. The check's own message names what differs."""
     if collection.PLANNED not in item.stash:
         return (yield)
-    import traceback
-
     try:
         return (yield)
     except BaseException as exc:
@@ -319,9 +328,21 @@ def report_not_applicable_briefly(item, call):
     exc = call.excinfo.value
     if reason_of(exc, planned.backend, getattr(item, "funcargs", {}).get("case")) is None:
         return None
+    return brief_report(item, call, f"{type(exc).__name__}: {exc}")
+
+
+def brief_report(item, call, text: str) -> pytest.TestReport | None:
+    """pytest's report of a phase that raised, with ``text`` in place of its traceback; None where
+    this pytest cannot make one (then it makes its own, traceback and all). pytest 8 and 9 keep a
+    ``CallInfo.excinfo`` that is not an ``ExceptionInfo`` as the report's text, outcome failed
+    (``TestReport.from_item_and_call``; tests/test_plugin_surface.py)."""
     brief = copy.copy(call)
-    brief.excinfo = f"{type(exc).__name__}: {exc}"  # pytest's report keeps a text as it is
-    return pytest.TestReport.from_item_and_call(item, brief)
+    try:
+        brief.excinfo = text
+        report = pytest.TestReport.from_item_and_call(item, brief)
+    except (AttributeError, TypeError):  # a frozen CallInfo, or a report that reads the exception
+        return None
+    return report if report.longrepr == text else None
 
 
 @pytest.hookimpl(wrapper=True)

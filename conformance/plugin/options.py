@@ -128,7 +128,8 @@ class OptionError(InputError):
 
 
 def validate(options: RunOptions) -> None:
-    """Check every option before the first test (the output paths: outputs.py)."""
+    """Check every option but the device before the first test, without touching the machine
+    (the device: :func:`check_device`; the output paths: outputs.py)."""
     malformed = [name for name in options.backends if not BACKEND_SPEC.fullmatch(name)]
     if malformed:
         raise OptionError(
@@ -140,7 +141,6 @@ def validate(options: RunOptions) -> None:
         raise OptionError(f"--kvc-seed {options.seed}: expected an integer from {low} to {high}")
     if options.timeout is not None and not (options.timeout > 0 and math.isfinite(options.timeout)):
         raise OptionError(f"--kvc-timeout {options.timeout}: expected a positive number of seconds")
-    check_device(options.device)
 
 
 ANY_DEVICE = "a device torch allocates on here: cpu, cuda[:N], xpu[:N], or a PrivateUse1 backend's name[:N] (docs/VENDOR_CI.md §1)"
@@ -148,7 +148,7 @@ ANY_DEVICE = "a device torch allocates on here: cpu, cuda[:N], xpu[:N], or a Pri
 
 def check_device(device: str) -> None:
     """Any device torch knows, if it exists here: a cache is allocated on it once, up front."""
-    import torch
+    import torch  # not at the top: this module loads in every pytest of the environment (hooks.py says why)
 
     try:
         parsed = torch.device(device)

@@ -30,7 +30,7 @@ import tempfile
 import time
 
 from kvconform.errors import InputError
-from kvconform.reports import results
+from kvconform.reports import expectations, results
 from kvconform.reports.results import read_json
 
 
@@ -40,18 +40,18 @@ class OutputError(InputError):
 
 # What a certified run's bundle directory may already hold: a bundle (a re-certification).
 BUNDLE_NAMES = frozenset({"manifest.json", "results.json", "environment.json", "capabilities.json", "coverage.json", "COVERAGE.md",
-                          "digests.json", "collected.txt", "must_pass.txt", "SHA256SUMS", "SHA256SUMS.sig"})
+                          "digests.json", "collected.txt", "must_pass.txt", "canary.json", "SHA256SUMS", "SHA256SUMS.sig"})
 # The one output that may name an input: the expectations file updated in place.
 MAY_EQUAL = {frozenset({"--kvc-update-expectations", "--kvc-expectations"})}
 
 
-def check_outputs(outputs: dict[str, str | None], inputs: dict[str, str | None]) -> None:
+def check_outputs(given_outputs: dict[str, str | None], given_inputs: dict[str, str | None]) -> None:
     """Refuse, before the first test, every output path that would destroy something or that
     kvconform could not write; raise :class:`OutputError` naming the option.
 
-    ``outputs``: option -> path of every file the run will write (``--kvc-json``, ``--kvc-html``,
+    ``given_outputs``: option -> path of every file the run will write (``--kvc-json``, ``--kvc-html``,
     ``--junitxml``, ``--kvc-update-expectations``, ``--kvc-export-digests``) and ``--kvc-certify``
-    (a directory); ``inputs``: option -> path of every file it reads (``--kvc-expectations``,
+    (a directory); ``given_inputs``: option -> path of every file it reads (``--kvc-expectations``,
     ``--kvc-compare-digests``). A value of None or "" is an option not given; without
     ``--kvc-html`` the report's default path beside ``--kvc-json`` is checked.
 
@@ -65,8 +65,8 @@ def check_outputs(outputs: dict[str, str | None], inputs: dict[str, str | None])
       is the one exception. An existing ``--kvc-update-expectations`` file must be that file and
       parse: kvconform never rewrites a file it cannot read.
     """
-    outputs = {option: path for option, path in outputs.items() if path}
-    inputs = {option: path for option, path in inputs.items() if path}
+    outputs = {option: path for option, path in given_outputs.items() if path}
+    inputs = {option: path for option, path in given_inputs.items() if path}
     if "--kvc-json" in outputs and "--kvc-html" not in outputs:  # the HTML report goes beside the results by default
         outputs["--kvc-html"] = os.path.splitext(outputs["--kvc-json"])[0] + ".html"
     for option, path in inputs.items():
@@ -170,8 +170,6 @@ def _check_bundle_dir(directory: str) -> None:
 
 
 def _check_update_target(target: str | None, gate: str | None) -> None:
-    from kvconform.reports import expectations
-
     if not target or not os.path.exists(target):
         return
     if gate and not _same_file(target, gate):

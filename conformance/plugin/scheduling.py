@@ -24,6 +24,8 @@ import os
 import shlex
 
 import pytest
+import torch
+from hypothesis import settings
 
 from . import collection
 
@@ -48,9 +50,7 @@ def estimate(item) -> float:
         kv_first = planned.layout is not None and planned.layout.k_dims[0] == "2"
         return PROBE_SECONDS.get(planned.family, 0.3) * (2 if kv_first else 1)
     if getattr(getattr(item, "obj", None), "hypothesis", None) is not None:
-        from hypothesis import settings
-
-        return SECONDS_PER_EXAMPLE.get(planned.family, 0.01) * settings.default.max_examples
+        return SECONDS_PER_EXAMPLE.get(planned.family, 0.01) * settings().max_examples  # the loaded profile's
     return FAMILY_SECONDS.get(planned.family, DEFAULT_SECONDS)
 
 
@@ -121,8 +121,6 @@ def choose_worker_gpu(config) -> None:
     count = _gpus(config)
     worker = getattr(config, "workerinput", {}).get("workerid", "")
     if count > 1 and worker.startswith("gw"):
-        import torch
-
         torch.cuda.set_device(int(worker[2:]) % count)
 
 
@@ -130,6 +128,4 @@ def _gpus(config) -> int:
     """How many GPUs the run's workers spread over: 0 unless its device is plain ``cuda``."""
     if config.getoption("kvc_device", None) not in (None, "cuda"):
         return 0
-    import torch
-
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

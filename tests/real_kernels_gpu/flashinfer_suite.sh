@@ -7,7 +7,8 @@
 # CARRY holds flashinfer.tar.xz (prepare.sh: flashinfer-python's Python tree with the sources of its
 # page and batch-decode JIT modules and its own CCCL) and vllm-bundle.tar.xz (for apache-tvm-ffi,
 # which FlashInfer's JIT modules load through). Writes into OUT: jit.log (flashinfer_jit.py: the
-# modules built, in parallel), dtype-probe.txt (flashinfer_dtype_probe.py), suite.log,
+# modules built, in parallel), dtype-probe.txt (flashinfer_dtype_probe.py), nvfp4-probe.txt and
+# nvfp4-probe.json (flashinfer_nvfp4_probe.py: FlashInfer's NVFP4 writer against SPEC §16.1), suite.log,
 # results.json.gz and results.html.
 set -uo pipefail
 carry=$(cd "$1" && pwd); out=$(mkdir -p "$2" && cd "$2" && pwd)
@@ -18,6 +19,7 @@ unset TRITON_INTERPRET
 expectations=(); [ -f docs/expectations/flashinfer-0.7.2.post1.txt ] && expectations=(--kvc-expectations docs/expectations/flashinfer-0.7.2.post1.txt)
 timeout 420 python3 -m tests.real_kernels_gpu.flashinfer_jit > "$out/jit.log" 2>&1; tail -n 1 "$out/jit.log"
 timeout 60 python3 -m tests.real_kernels_gpu.flashinfer_dtype_probe > "$out/dtype-probe.txt" 2>&1; cat "$out/dtype-probe.txt"
+timeout 150 python3 -m tests.real_kernels_gpu.flashinfer_nvfp4_probe "$out" > "$out/nvfp4-probe.txt" 2>&1; tail -n 1 "$out/nvfp4-probe.txt"
 timeout 300 python3 -m pytest --pyargs kvconform.conformance -q -p no:cacheprovider --kvc-backend flashinfer:nhd,flashinfer:hnd -n 4 \
     --kvc-json "$out/results.json" --kvc-html "$out/results.html" "${expectations[@]}" \
     > "$out/suite.log" 2>&1

@@ -8,7 +8,7 @@
 # fallback build's stable-ABI headers; prepare.sh makes both). Writes into OUT: versions.txt,
 # build.log, suite/ (the conformance suite on vLLM's compiled latent kernels and kvconform's own
 # latent and quantised backends: results.json, results.html, suite.log) and bench/ (the quick
-# profile of every built-in, -n 8, two runs: benchmarks/bench_suite.py).
+# profile of every built-in, -n 8, two runs: benchmarks/bench_suite.py; BENCH=0 skips it).
 set -uo pipefail
 carry=$(cd "$1" && pwd); out=$(mkdir -p "$2" && cd "$2" && pwd)
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TRITON_CACHE_DIR=/tmp/tc
@@ -39,6 +39,8 @@ timeout "${SUITE_LIMIT:-100}" python3 -m pytest --pyargs kvconform.conformance -
 echo "suite exit $?"; tail -n 25 "$out/suite/suite.log"
 
 # 3. The quick profile of every built-in, -n 8: a first run, and (RUNS=2) one ordered by its durations.
+#    BENCH=0 skips it (a call that shares the GPU with other runs would time them, not the suite).
+[ "${BENCH:-1}" = 0 ] && exit 0
 mkdir -p "$out/bench"
 for run in $( [ "${RUNS:-1}" = 2 ] && echo first ordered || echo first ); do
     timeout "${BENCH_LIMIT:-90}" python3 benchmarks/bench_suite.py --label "q-$run" --summary "$out/bench/summary.jsonl" --profiles quick -n 8 --keep /tmp/keep/q \

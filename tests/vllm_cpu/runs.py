@@ -28,6 +28,8 @@ PLUGIN = ("-p", "tests.vllm_cpu.plugin")
 FRESH = ["vllm", "kvconform", "tests", "amdsmi", "aiter"]  # imported anew by every run
 UNIFIED_SHUFFLE = "vllm:ROCM_AITER_UNIFIED_ATTN+shuffle"
 GFX1250 = {"KVCONFORM_STANDIN_GFX": "gfx1250"}
+SEGMENTED = "vllm:ROCM_SEGMENTED_ATTN"  # RDNA only (is_rdna(), rocm_segmented_attn.py)
+SEGMENTED_SELECT = "padding or split_views or connector_configuration"
 ROCM_GFX942 = ["ROCM_AITER_FA", "ROCM_AITER_FA+shuffle", "ROCM_AITER_UNIFIED_ATTN", "ROCM_ATTN", "TRITON_ATTN", "FLASH_ATTN", "FLASHINFER"]
 GFX942 = "gfx942"
 MLA = "mla"
@@ -73,6 +75,8 @@ def plan() -> dict[str, tuple[tuple[str, ...], dict]]:
     runs.update({
         "unified-shuffle": (unified, GFX1250),
         "unified-shuffle-gated": ((*unified, "--expectations", os.path.join(ROOT, "docs", "expectations", "vllm-0.33.0.txt")), GFX1250),
+        **{f"segmented-{gfx}": ((*PLUGIN, "-q", "--backend", SEGMENTED, "-k", SEGMENTED_SELECT), {"KVCONFORM_STANDIN_GFX": gfx})
+           for gfx in ("gfx942", "gfx1201")},
         MLA: ((*PLUGIN, "-q", "--backend", ",".join(f"vllm:{m}" for m in MLA_MEMBERS), "--expectations", MLA_EXPECTATIONS), {}),
         PTH: ((*PLUGIN, "-q", "-k", PTH_SELECT, "--backend", "vllm:TRITON_ATTN", "--expectations", PTH_EXPECTATIONS), {}),
         **{f"e1-era:{name}": ((*PLUGIN, "-q", "--backend", f"tests.vllm_cpu.e1_era:{name}"), {})

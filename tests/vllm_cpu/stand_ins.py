@@ -15,9 +15,10 @@ as optional or hardware-specific, never the code under test:
 - pinned memory: the simulated ROCm platform reports pinned host memory available; with no
   accelerator, CPU torch cannot pin, so vLLM's ``PIN_MEMORY`` flag and RocmPlatform's
   ``is_pin_memory_available`` are set to the truth (False) after import — vLLM's own code path for machines without pinning.
-- ``aiter.ops.triton.unified_attention``: ROCM_AITER_UNIFIED_ATTN's impl imports AITER's
-  attention kernel in ``__init__``; the stand-in raises if the kernel is ever *called*, so
-  only the cache-layout code (split, cache update) runs.
+- AITER's attention kernels (``AITER_KERNELS``): ROCM_AITER_UNIFIED_ATTN's impl imports AITER's
+  ``unified_attention`` in ``__init__``, and 0.30.0-0.31.0's rocm_aiter_fa imports its gluon decode at
+  import; the stand-ins raise if a kernel is ever *called*, so only the cache-layout code (split,
+  cache update) runs.
 - compute units: RocmPlatform.num_compute_units asks torch.cuda; without a device it answers the
   simulated GPU's CU count (TRITON_MLA's impl sizes its decode splits by it).
 
@@ -72,17 +73,34 @@ def _empty(name: str, doc: str) -> types.ModuleType:
     return module
 
 
-def _aiter_unified_attention() -> dict[str, types.ModuleType]:
-    def unified_attention(*args, **kwargs):
-        raise RuntimeError("kvconform stand-in: AITER's unified_attention kernel is not installed here")
+# AITER's attention kernels that vLLM's ROCm backends import (the module, its functions); none is the
+# code under test, and each raises if it is ever called.
+AITER_KERNELS = {
+    "aiter.ops.triton.unified_attention": ("unified_attention",),
+    # ROCM_AITER_FA's module imports AITER's gluon decode at import in 0.30.0-0.31.0 (rocm_aiter_fa.py:74-79 in 0.31.0)
+    "aiter.ops.triton.gluon.pa_decode_gluon": ("pa_decode_gluon", "get_recommended_splits"),
+}
 
-    names = ["aiter", "aiter.ops", "aiter.ops.triton", "aiter.ops.triton.unified_attention"]
-    modules = {n: _empty(n, "kvconform CPU stand-in for AITER (not installed)") for n in names}
-    for name, module in modules.items():
-        module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=name != names[-1])
-    modules["aiter.ops.triton.unified_attention"].unified_attention = unified_attention
-    for parent, child in zip(names, names[1:]):
-        setattr(modules[parent], child.rsplit(".", 1)[1], modules[child])
+
+def _aiter_kernels() -> dict[str, types.ModuleType]:
+    def not_installed(name):
+        def kernel(*args, **kwargs):
+            raise RuntimeError(f"kvconform stand-in: AITER's {name} kernel is not installed here")
+
+        return kernel
+
+    modules: dict[str, types.ModuleType] = {}
+    for leaf, functions in AITER_KERNELS.items():
+        parts = leaf.split(".")
+        for depth in range(1, len(parts) + 1):
+            name = ".".join(parts[:depth])
+            if name not in modules:
+                modules[name] = _empty(name, "kvconform CPU stand-in for AITER (not installed)")
+                modules[name].__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=name != leaf)
+                if depth > 1:
+                    setattr(modules[".".join(parts[:depth - 1])], parts[depth - 1], modules[name])
+        for function in functions:
+            setattr(modules[leaf], function, not_installed(function))
     return modules
 
 
@@ -97,7 +115,7 @@ def install(arch: str | None = None) -> str:
     if importlib.util.find_spec("amdsmi") is None:
         sys.modules["amdsmi"] = _amdsmi(arch)
     if importlib.util.find_spec("aiter") is None:
-        sys.modules.update(_aiter_unified_attention())
+        sys.modules.update(_aiter_kernels())
     try:
         importlib.import_module("vllm._C_stable_libtorch")
     except (ImportError, OSError):  # a CUDA .so against CPU torch
