@@ -21,6 +21,9 @@ QUANT_OPS = frozenset({"quant_write", "quant_decode", "quant_copy", "quant_swap"
 class QuantCapabilities:
     modes: tuple[str, ...]  # of quant_layouts.MODES
     orders: tuple[str, ...] = QL.ORDERS  # the physical orders the backend's caches take
+    # Where its nvfp4 writer puts V's block scales (NVFP4-SCALE-PLACEMENT): vLLM's SM100 kernel swizzles
+    # them, FlashInfer's writer on SM80/90/120 stores them linearly; a model may take both.
+    v_scales: tuple[str, ...] = (QL.SWIZZLED,)
     ops: frozenset[str] = QUANT_OPS
     block_sizes: tuple[int, ...] = (16,)
     head_sizes: tuple[int, ...] = (64, 128)
@@ -29,7 +32,8 @@ class QuantCapabilities:
     padding_slots: bool = True
 
     def __post_init__(self):
-        for name, values, allowed in (("modes", self.modes, QL.MODES), ("orders", self.orders, QL.ORDERS), ("ops", self.ops, QUANT_OPS)):
+        for name, values, allowed in (("modes", self.modes, QL.MODES), ("orders", self.orders, QL.ORDERS), ("ops", self.ops, QUANT_OPS),
+                                      ("v_scales", self.v_scales, QL.V_SCALE_PLACEMENTS)):
             if not values or set(values) - set(allowed):
                 raise ValueError(f"QuantCapabilities.{name}: {sorted(values)}; expected a non-empty subset of {sorted(allowed)}")
 

@@ -6,7 +6,8 @@ by its strides (``_ensure_scale_caches``), K/V data views by ``transpose(1, 2).s
 
 ``nvfp4`` caches are modelled on FlashInfer's views (``_nvfp4_kv_views``, ``nvfp4_split_data_scale``:
 each side's data and scale regions viewed from the page, whatever the logical strides say) and on
-``reshape_and_cache_nvfp4_kernel``'s stores (K scales linear, V scales at the kernel's own swizzle).
+``reshape_and_cache_nvfp4_kernel``'s stores (K scales linear, V scales at the kernel's own swizzle), or
+FlashInfer's on SM80/90/120 (V scales linear like K's) for a cache whose geometry says ``v_scales="linear"``.
 
 Each step is a method so that a mutant (mutants/quant.py) replaces exactly one.
 """
@@ -27,7 +28,8 @@ class ReferenceQuant(Backend, QuantOps):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(layouts=(), ops=frozenset(), quant=QuantCapabilities(modes=QL.MODES, block_sizes=(16, 32)))
+        return Capabilities(layouts=(), ops=frozenset(), quant=QuantCapabilities(modes=QL.MODES, block_sizes=(16, 32),
+                                                                                      v_scales=QL.V_SCALE_PLACEMENTS))
 
     def allocate(self, buffer, spec):
         raise NotImplementedError("reference_quant keeps per-token-head caches only (quant_allocate)")
@@ -89,10 +91,10 @@ class ReferenceQuant(Backend, QuantOps):
 
     def scale_slots(self, slots: torch.Tensor, g: QL.QuantGeometry, side: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(row, column) of each slot's scales ``[T, S]`` in its head's scale plane: K linear, V by
-        ``swizzle_scale_offset`` (csrc/nvfp4_kv_cache_kernels.cu:42-48)."""
+        ``swizzle_scale_offset`` (csrc/nvfp4_kv_cache_kernels.cu:42-48) or, FlashInfer's, linear too."""
         S = g.scale_count
         s = torch.arange(S, device=slots.device)
-        if side == "k":
+        if side == "k" or g.v_scales == QL.LINEAR:
             return slots[:, None].expand(-1, S), s.expand(len(slots), -1)
         offset = ((slots[:, None] // 4) * 4 + s // (S // 4)) * S + (s % (S // 4)) * 4 + slots[:, None] % 4
         return offset // S, offset % S

@@ -11,12 +11,12 @@ from kvconform.reference import quant_layouts as QL
 
 from .harness import quant as Q
 
-pytestmark = [pytest.mark.kvc_layouts("quant"), pytest.mark.parametrize("order", QL.ORDERS), pytest.mark.parametrize("mode", QL.MODES)]
+pytestmark = [pytest.mark.kvc_layouts("quant"), pytest.mark.parametrize("order", QL.ORDERS), pytest.mark.parametrize(("mode", "v_scales"), Q.VARIANTS, ids=Q.VARIANT_IDS)]
 
 
-def written_cache(case, op, mode, order):
+def written_cache(case, op, mode, v_scales, order):
     """A two-layer cache with tokens written in blocks 0 and 2 of each layer."""
-    spec = Q.quant_spec(case, op, mode, order, num_layers=2)
+    spec = Q.quant_spec(case, op, mode, order, v_scales, num_layers=2)
     N = spec.geometry.block_size
     arena, expected = Q.allocate(case, spec)
     Q.reallocate(case, arena, expected, layer=1)
@@ -29,8 +29,8 @@ def written_cache(case, op, mode, order):
 
 @pytest.mark.copy
 @pytest.mark.kvc_clause("PTH-BLOCKS", "NVFP4-BLOCKS")
-def test_copied_blocks_carry_codes_and_scales_in_every_layer(case, mode, order):
-    arena, expected = written_cache(case, "quant_copy", mode, order)
+def test_copied_blocks_carry_codes_and_scales_in_every_layer(case, mode, v_scales, order):
+    arena, expected = written_cache(case, "quant_copy", mode, v_scales, order)
     mapping = torch.tensor([[0, 1], [2, 4]])
     QC.copy_blocks(Q.region_of(expected, arena.spec.geometry), arena.spec.geometry, mapping)
     case.backend.quant_copy(arena.cache, mapping.to(case.device), arena.spec)
@@ -39,8 +39,8 @@ def test_copied_blocks_carry_codes_and_scales_in_every_layer(case, mode, order):
 
 @pytest.mark.swap
 @pytest.mark.kvc_clause("PTH-BLOCKS", "NVFP4-BLOCKS")
-def test_swapped_blocks_carry_codes_and_scales_in_every_layer(case, mode, order):
-    device, _ = written_cache(case, "quant_swap", mode, order)
+def test_swapped_blocks_carry_codes_and_scales_in_every_layer(case, mode, v_scales, order):
+    device, _ = written_cache(case, "quant_swap", mode, v_scales, order)
     host, host_expected = Q.allocate(case, device.spec, seed_offset=1)
     src, dst = torch.tensor([2, 0]), torch.tensor([3, 1])
     QC.swap_blocks(device.region.cpu(), device.spec.geometry, Q.region_of(host_expected, host.spec.geometry), host.spec.geometry, src, dst)

@@ -15,7 +15,7 @@ from kvconform.reference import quant_layouts as QL
 from .harness import quant as Q
 
 pytestmark = [pytest.mark.connector, pytest.mark.kvc_layouts("quant"),
-              pytest.mark.parametrize("order", QL.ORDERS), pytest.mark.parametrize("mode", QL.MODES)]
+              pytest.mark.parametrize("order", QL.ORDERS), pytest.mark.parametrize(("mode", "v_scales"), Q.VARIANTS, ids=Q.VARIANT_IDS)]
 BLOCKS, HEADS = [1, 3], range(1, 3)
 
 
@@ -28,8 +28,8 @@ def slice_bytes(spec) -> torch.Tensor:
 
 
 @pytest.mark.kvc_clause("PTH-HEAD-SLICE", "NVFP4-HEAD-SLICE")
-def test_head_slice_regions_cover_exactly_the_slices_codes_and_scales(case, mode, order):
-    spec = Q.quant_spec(case, "quant_regions", mode, order, num_layers=2, num_kv_heads=3)
+def test_head_slice_regions_cover_exactly_the_slices_codes_and_scales(case, mode, v_scales, order):
+    spec = Q.quant_spec(case, "quant_regions", mode, order, v_scales, num_layers=2, num_kv_heads=3)
     arena, _ = Q.allocate(case, spec)
     regions = case.backend.quant_regions(arena.cache, spec, BLOCKS, HEADS)
     covered = torch.cat([torch.arange(start, start + length) for start, length in regions]).sort().values
@@ -37,8 +37,8 @@ def test_head_slice_regions_cover_exactly_the_slices_codes_and_scales(case, mode
 
 
 @pytest.mark.kvc_clause("PTH-HEAD-SLICE", "NVFP4-HEAD-SLICE")
-def test_a_head_slice_moved_by_its_regions_lands_bit_for_bit(case, mode, order):
-    spec = Q.quant_spec(case, "quant_regions", mode, order, num_layers=2, num_kv_heads=3)
+def test_a_head_slice_moved_by_its_regions_lands_bit_for_bit(case, mode, v_scales, order):
+    spec = Q.quant_spec(case, "quant_regions", mode, order, v_scales, num_layers=2, num_kv_heads=3)
     producer, _ = Q.allocate(case, spec)
     N = spec.geometry.block_size
     for layer in (0, 1):
@@ -56,12 +56,12 @@ def test_a_head_slice_moved_by_its_regions_lands_bit_for_bit(case, mode, order):
 
 @pytest.mark.kvc_clause("NVFP4-REBLOCK")
 @pytest.mark.parametrize("sizes", [(16, 32), (32, 16)], ids=["N16to32", "N32to16"])
-def test_reblocked_tokens_land_with_their_codes_and_scales(case, mode, order, sizes):
+def test_reblocked_tokens_land_with_their_codes_and_scales(case, mode, v_scales, order, sizes):
     """A sequence moved between block sizes: every token's codes and scales land at its new slot,
     nothing else changes; 2·32 + 5 tokens end in a partial block and a partial swizzle tile."""
     tokens = 2 * max(sizes) + 5
     gen = torch.Generator().manual_seed(case.seed)
-    specs = [Q.quant_spec(case, "quant_reblock", mode, order, num_layers=2, block_size=n, num_blocks=-(-tokens // n) + 2) for n in sizes]
+    specs = [Q.quant_spec(case, "quant_reblock", mode, order, v_scales, num_layers=2, block_size=n, num_blocks=-(-tokens // n) + 2) for n in sizes]
     tables = [torch.randperm(s.geometry.num_blocks, generator=gen)[: -(-tokens // n)].tolist() for s, n in zip(specs, sizes)]
     producer, _ = Q.allocate(case, specs[0])
     slots = torch.tensor(tables[0])[torch.arange(tokens) // sizes[0]] * sizes[0] + torch.arange(tokens) % sizes[0]

@@ -13,14 +13,14 @@ from .harness import quant as Q
 from .harness.assertions import assert_close
 
 pytestmark = [pytest.mark.read, pytest.mark.kvc_layouts("quant"),
-              pytest.mark.parametrize("order", QL.ORDERS), pytest.mark.parametrize("mode", QL.MODES)]
+              pytest.mark.parametrize("order", QL.ORDERS), pytest.mark.parametrize(("mode", "v_scales"), Q.VARIANTS, ids=Q.VARIANT_IDS)]
 TOLERANCE = 2e-2  # bf16 output
 
 
 @pytest.mark.kvc_clause("PTH-READ", "NVFP4-READ")
 @pytest.mark.parametrize("group", [1, 2], ids=["mha", "gqa"])
-def test_decode_equals_sdpa_on_the_reference_dequantised_kv(case, mode, order, group):
-    spec = Q.quant_spec(case, "quant_decode", mode, order, num_blocks=6)
+def test_decode_equals_sdpa_on_the_reference_dequantised_kv(case, mode, v_scales, order, group):
+    spec = Q.quant_spec(case, "quant_decode", mode, order, v_scales, num_blocks=6)
     g, N = spec.geometry, spec.geometry.block_size
     block_table = torch.tensor([[4, 1, 5], [2, 0, 3]])
     seq_lens = torch.tensor([2 * N + 3, N - 1])

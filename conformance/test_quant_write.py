@@ -14,13 +14,14 @@ from kvconform.reference import quant_layouts as QL
 from .harness import quant as Q
 
 pytestmark = [pytest.mark.write, pytest.mark.kvc_layouts("quant"),
-              pytest.mark.parametrize("order", QL.ORDERS), pytest.mark.parametrize("mode", QL.MODES)]
+              pytest.mark.parametrize("order", QL.ORDERS), pytest.mark.parametrize(("mode", "v_scales"), Q.VARIANTS, ids=Q.VARIANT_IDS)]
 
 
 @pytest.mark.kvc_clause("PTH-LAYOUT", "PTH-SCALE-PLACE", "PTH-ENCODE-INT8", "PTH-ENCODE-FP8", "PTH-WRITE-ONLY", "PTH-PAD-1", "PTH-SOURCE-STRIDE",
-                        "NVFP4-PAGE", "NVFP4-SWIZZLE", "NVFP4-E2M1", "NVFP4-SCALE", "NVFP4-WRITE-ONLY")
-def test_codes_and_scales_land_at_reference_offsets_and_nothing_else_changes(case, mode, order):
-    spec = Q.quant_spec(case, "quant_write", mode, order)
+                        "NVFP4-PAGE", "NVFP4-SWIZZLE", "NVFP4-SCALE-PLACEMENT", "NVFP4-E2M1", "NVFP4-SCALE",
+                        "NVFP4-WRITE-ONLY")
+def test_codes_and_scales_land_at_reference_offsets_and_nothing_else_changes(case, mode, v_scales, order):
+    spec = Q.quant_spec(case, "quant_write", mode, order, v_scales)
     N = spec.geometry.block_size
     slots = torch.tensor([0, N + 3, -1, 3 * N - 1, 4 * N + 2, 2 * N + 5, -1])
     key, value = Q.token_rows(spec, len(slots) + 2, case.seed)  # rows past the mapping are not read
@@ -28,18 +29,18 @@ def test_codes_and_scales_land_at_reference_offsets_and_nothing_else_changes(cas
 
 
 @pytest.mark.kvc_clause("PTH-PAD-1", "PTH-WRITE-ONLY", "NVFP4-WRITE-ONLY")
-def test_padding_slots_leave_codes_and_scales_untouched(case, mode, order):
-    spec = Q.quant_spec(case, "quant_write", mode, order)
+def test_padding_slots_leave_codes_and_scales_untouched(case, mode, v_scales, order):
+    spec = Q.quant_spec(case, "quant_write", mode, order, v_scales)
     key, value = Q.token_rows(spec, 3, case.seed)
     Q.write_and_compare(case, spec, key, value, torch.full((3,), -1), "every slot is -1")
 
 
 @pytest.mark.kvc_clause("PTH-ENCODE-INT8", "PTH-ENCODE-FP8", "PTH-SCALE-FLOOR", "NVFP4-E2M1", "NVFP4-SCALE")
-def test_edge_rows_encode_exactly(case, mode, order):
+def test_edge_rows_encode_exactly(case, mode, v_scales, order):
     """A zero row (scale floor), then rows whose values sit on rounding ties of the codes and of
     the scale, at ±max and past it (per mode: pth_edge_rows, nvfp4_edge_rows); V is −K."""
     nvfp4 = mode == QL.NVFP4
-    spec = Q.quant_spec(case, "quant_write", mode, order, num_kv_heads=1, head_size=64)
+    spec = Q.quant_spec(case, "quant_write", mode, order, v_scales, num_kv_heads=1, head_size=64)
     if nvfp4:  # global scales 1 and 2, exact in float32, so the ties stay ties
         spec = dataclasses.replace(spec, k_scale=1.0, v_scale=0.5)
     rows = nvfp4_edge_rows(spec.geometry.head_size) if nvfp4 else pth_edge_rows(mode, spec.geometry.head_size)
@@ -71,8 +72,8 @@ def nvfp4_edge_rows(D):
 
 
 @pytest.mark.kvc_clause("PTH-SCALE-INIT", "PTH-LAYER", "NVFP4-WRITE-ONLY")
-def test_a_layers_first_use_and_writes_leave_other_layers_untouched(case, mode, order):
-    spec = Q.quant_spec(case, "quant_write", mode, order, num_layers=2, layer=0)
+def test_a_layers_first_use_and_writes_leave_other_layers_untouched(case, mode, v_scales, order):
+    spec = Q.quant_spec(case, "quant_write", mode, order, v_scales, num_layers=2, layer=0)
     N = spec.geometry.block_size
     key, value = Q.token_rows(spec, 4, case.seed)
     arena, expected = Q.write_and_compare(case, spec, key, value, torch.tensor([1, N, 2 * N + 1, 3 * N]), "layer 0")

@@ -97,15 +97,14 @@ def describe_latent(geometry: latent.LatentGeometry, *, tp_rank: int = 0, tp_siz
 
 
 def describe_quant(g: QL.QuantGeometry, *, tp_rank: int = 0, tp_size: int = 1, total_kv_heads: int | None = None,
-                   k_scale: float | None = None, v_scale: float | None = None, v_scales: str = "swizzled",
+                   k_scale: float | None = None, v_scale: float | None = None,
                    platform: str = "cpu", arch: str = "", **identity) -> dict:
-    """The descriptor of one rank's quantised cache (``g.num_kv_heads`` = this rank's heads).
-    ``v_scales``: where nvfp4's V block scales are (``swizzled``, NVFP4-SWIZZLE, vLLM's SM100
-    writer; ``linear``, FlashInfer's writer on SM90); ``platform``/``arch`` decide fp8 codes."""
+    """The descriptor of one rank's quantised cache (``g.num_kv_heads`` = this rank's heads; nvfp4's
+    V-scale placement ``g.v_scales``, NVFP4-SCALE-PLACEMENT); ``platform``/``arch`` decide fp8 codes."""
     nvfp4 = g.mode == QL.NVFP4
     descriptor = {
         "schema": SCHEMA, **identity, "platform": platform, "arch": arch,
-        "cache": caches.quant_section(g.mode, g.order, caches.quant_codes(g.mode, platform, arch), v_scales), "kv_cache_dtype": g.mode,
+        "cache": caches.quant_section(g.mode, g.order, caches.quant_codes(g.mode, platform, arch), g.v_scales), "kv_cache_dtype": g.mode,
         "k_scale": float(1.0 if k_scale is None else k_scale) if nvfp4 else None,
         "v_scale": float(1.0 if v_scale is None else v_scale) if nvfp4 else None,
         "num_layers": g.num_layers, "num_blocks": g.num_blocks, "block_size": g.block_size,

@@ -7,10 +7,10 @@ of peers and plan the transfer.
   (``latent.record_descriptor``) must be equal on both sides; the latent is replicated, so it
   has no heads and no head slice, and consumer rank ``d`` takes whole blocks of every layer from
   exactly one producer rank, ``⌊d·P/D⌋``.
-- ``"kind": "quant"`` (PTH-*, NVFP4-*): the mode, code format and scale placement (nvfp4: K
-  linear, V swizzled or linear) must be equal; a head slice moves as ``head_slice_ranges`` —
-  its scale bytes with its data — and another order or block size is converted field by field
-  through both offset maps (V scales re-swizzled exactly), or refused where no map is declared.
+- ``"kind": "quant"`` (PTH-*, NVFP4-*): the mode, code format and K scale placement must be
+  equal; a head slice moves as ``head_slice_ranges`` — its scale bytes with its data — and another
+  order, block size or nvfp4 V-scale placement (swizzled or linear, NVFP4-SCALE-PLACEMENT) is
+  converted field by field through both offset maps (each scale byte to its slot's place: exact).
 
 Every byte range comes from the reference's offset maps (``latent.block_byte_ranges``,
 ``quant_layouts.field_offsets`` / ``head_slice_ranges``); none is computed here.
@@ -33,10 +33,9 @@ KINDS = ("latent", "quant")
 # The fields of a LatentFormat a latent section names (its record is derived from them).
 FORMAT_FIELDS = ("kind", "kv_lora_rank", "rope_dim", "cache_dtype", "scale_format", "indexer_layout", "model_dtype", "platform", "arch")
 MODEL_DTYPES = {str(d).removeprefix("torch."): d for d in LATENT_MODEL_DTYPES}
-V_SCALE_PLACEMENTS = ("swizzled", "linear")  # nvfp4 V block scales: NVFP4-SWIZZLE (vLLM SM100), linear (FlashInfer on SM90)
 QUANT_CODES = {"int8_per_token_head": ("int8",), "fp8_per_token_head": ("float8_e4m3fn", "float8_e4m3fnuz"), QL.NVFP4: ("e2m1",)}
 # Section fields whose difference no conversion bridges (the same bytes would mean other values).
-QUANT_REFUSED = ("mode", "codes", "scale_dtype", "scale_granularity", "scale_placement", "k_scales", "v_scales")
+QUANT_REFUSED = ("mode", "codes", "scale_dtype", "scale_granularity", "scale_placement", "k_scales")
 # Top-level fields of a K/V descriptor that a section descriptor leaves out: its offset map places every byte.
 KV_ONLY = ("dims", "strides", "v_dims", "v_strides", "tile", "block_pad", "dtype", "fp8_format")
 HEAD_FIELDS = ("num_kv_heads", "head_size", "total_kv_heads")
@@ -160,8 +159,8 @@ def _quant_endpoint(d: dict, section: dict, ints: dict, label: str) -> QuantEndp
         raise ValueError(f"field 'cache.mode' must be one of {list(QL.MODES)}, got {mode!r}")
     if section.get("codes") not in QUANT_CODES[mode]:
         raise ValueError(f"field 'cache.codes' of a {mode} cache must be one of {list(QUANT_CODES[mode])}, got {section.get('codes')!r}")
-    if mode == QL.NVFP4 and section.get("v_scales") not in V_SCALE_PLACEMENTS:
-        raise ValueError(f"field 'cache.v_scales' of an nvfp4 cache must be one of {list(V_SCALE_PLACEMENTS)}, got {section.get('v_scales')!r}")
+    if mode == QL.NVFP4 and section.get("v_scales") not in QL.V_SCALE_PLACEMENTS:
+        raise ValueError(f"field 'cache.v_scales' of an nvfp4 cache must be one of {list(QL.V_SCALE_PLACEMENTS)}, got {section.get('v_scales')!r}")
     if section.get("order") not in QL.ORDERS:
         raise ValueError(f"field 'cache.order' must be one of {list(QL.ORDERS)}, got {section.get('order')!r}")
     want = quant_section(mode, section["order"], section["codes"], section.get("v_scales"))
@@ -175,7 +174,8 @@ def _quant_endpoint(d: dict, section: dict, ints: dict, label: str) -> QuantEndp
         raise ValueError(f"a quantised cache is sliced by head: field {missing[0]!r} is required")
     try:
         geometry = QL.QuantGeometry(num_blocks=ints["num_blocks"], block_size=ints["block_size"], num_kv_heads=ints["num_kv_heads"],
-                                    head_size=ints["head_size"], mode=mode, order=section["order"], num_layers=ints["num_layers"])
+                                    head_size=ints["head_size"], mode=mode, order=section["order"], num_layers=ints["num_layers"],
+                                    v_scales=section["v_scales"] or QL.SWIZZLED)
     except ValueError as exc:
         raise ValueError(f"the cache section does not fit the sizes: {exc}") from exc
     nvfp4 = mode == QL.NVFP4
@@ -289,7 +289,7 @@ class QuantPlan:
     """How one producer rank's heads of a quantised cache land in one consumer rank: ``regions``
     (same mode, order and block size: each slice's ``head_slice_ranges``, data and scales, block
     for block) or ``fields`` (another order or block size: every token's codes and scales moved
-    through both offset maps, V scales to the consumer's swizzled positions)."""
+    through both offset maps, V scales to the consumer's swizzled or linear positions)."""
 
     producer: QuantEndpoint
     consumer: QuantEndpoint
@@ -386,7 +386,7 @@ def _judge_quant(p: QuantEndpoint, c: QuantEndpoint) -> Refusal | QuantPlan:
     mismatch = heads_mismatch(p, c)
     if mismatch:
         return Refusal(*mismatch)
-    for field in QUANT_REFUSED:
+    for field in QUANT_REFUSED:  # every field but v_scales: a placement is a permutation of scale bytes within a page
         if p.section[field] != c.section[field]:
             return Refusal(f"the producer's {gp.mode} cache has {field} {p.section[field]!r}, the consumer's {c.section[field]!r}: "
                            f"the same bytes would mean other values, and no exact conversion is planned", field)
@@ -399,8 +399,8 @@ def _judge_quant(p: QuantEndpoint, c: QuantEndpoint) -> Refusal | QuantPlan:
         steps["layout"] = f"order {gp.order} → {gc.order}, every code and scale byte through both offset maps"
     if gp.block_size != gc.block_size:
         steps["re-block"] = f"re-block {gp.block_size} → {gc.block_size} tokens per block" + (
-            ", V scales re-swizzled to their new slots (NVFP4-REBLOCK)" if gp.mode == QL.NVFP4 else ", scales with their tokens")
-    if steps and p.section["v_scales"] == "linear":
-        return Refusal(f"converting nvfp4 pages with linear V scales ({', '.join(steps)}) needs their offset map, which the "
-                       f"reference does not declare (only NVFP4-SWIZZLE's); regions of one order and block size are planned", "v_scales")
+            ", V scales re-swizzled to their new slots (NVFP4-REBLOCK)" if gc.v_scales == QL.SWIZZLED and gc.mode == QL.NVFP4
+            else ", scales with their tokens")
+    if gp.v_scales != gc.v_scales:
+        steps["v_scales"] = f"V scales {gp.v_scales} → {gc.v_scales}, each to its slot's place (NVFP4-SCALE-PLACEMENT)"
     return QuantPlan(p, c, producer_slices(p, c), "fields" if steps else "regions", tuple(steps), tuple(steps.values()))

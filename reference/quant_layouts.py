@@ -14,7 +14,9 @@ from it (symbols of docs/SPEC.md §0: B blocks, N block size, H KV heads, D head
 
 ``nvfp4`` (FlashInfer, ``csrc/nvfp4_kv_cache_kernels.cu``) packs a page as ``[K side | V side]``,
 each side ``[data (H·N·D/2) | e4m3 block scales (H·N·D/16)]`` with (head, slot) rows in HND or NHD
-order inside each region; K's scales are linear, V's are swizzled in 4 × 4 (slot, scale) tiles.
+order inside each region; K's scales are linear, V's are swizzled in 4 × 4 (slot, scale) tiles by
+vLLM's SM100 kernel and linear like K's by FlashInfer's writer on SM80/90/120 (``v_scales``, SPEC
+NVFP4-SCALE-PLACEMENT: a page is read with the placement it was written in).
 The logical tensor vLLM allocates is ``(B, 2H, N, D/2 + D/16)`` (K head slots, then V's); in NHD
 its strides do not say where a byte lives (vLLM re-views the page, ``_nvfp4_kv_views``).
 """
@@ -34,6 +36,8 @@ NVFP4_TILE = 4  # the V-scale swizzle's tile: 4 slots × 4 scale columns
 ORDERS = ("HND", "NHD")
 SCALE_BYTES = 4  # one float32 per (side, head, slot)
 FIELDS = ("k_data", "k_scale", "v_data", "v_scale")
+SWIZZLED, LINEAR = "swizzled", "linear"
+V_SCALE_PLACEMENTS = (SWIZZLED, LINEAR)  # nvfp4's V block scales: vLLM's SM100 kernel, FlashInfer on SM80/90/120
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -47,10 +51,13 @@ class QuantGeometry:
     mode: str = "int8_per_token_head"
     order: str = "HND"
     num_layers: int = 1
+    v_scales: str = SWIZZLED  # where nvfp4's V block scales are (NVFP4-SCALE-PLACEMENT); the other modes keep the default
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"QuantGeometry.mode: {self.mode!r}; expected one of {MODES}")
+        if self.v_scales not in V_SCALE_PLACEMENTS or (self.v_scales != SWIZZLED and self.mode != NVFP4):
+            raise ValueError(f"QuantGeometry.v_scales: {self.v_scales!r}; expected one of {V_SCALE_PLACEMENTS} (not swizzled: nvfp4 only)")
         if self.order not in ORDERS:
             raise ValueError(f"QuantGeometry.order: {self.order!r}; expected one of {ORDERS}")
         for name in ("num_blocks", "block_size", "num_kv_heads", "head_size", "num_layers"):
@@ -110,7 +117,8 @@ class QuantGeometry:
 
     def short(self) -> str:
         layers = f"L{self.num_layers}·" if self.num_layers > 1 else ""
-        return f"{self.mode}:{self.order} {layers}B{self.num_blocks}·N{self.block_size}·H{self.num_kv_heads}·D{self.head_size}"
+        placed = f" V scales {self.v_scales}" if self.v_scales != SWIZZLED else ""
+        return f"{self.mode}:{self.order}{placed} {layers}B{self.num_blocks}·N{self.block_size}·H{self.num_kv_heads}·D{self.head_size}"
 
 
 def unmet(mode: str, block_size: int, head_size: int) -> str | None:
@@ -151,7 +159,9 @@ def field_offsets(g: QuantGeometry, blocks, slots, heads, layer: int = 0) -> dic
     Per-token-head modes: ``k_data``/``v_data`` n = D (byte d is dim d), ``k_scale``/``v_scale``
     n = 4 (the float32, little-endian); within the cell K codes at ``0``, K scale at ``D``, V codes
     at ``D + 4``, V scale at ``2·D + 4``. nvfp4: ``*_data`` n = D/2 (byte j holds dims 2j, 2j+1),
-    ``*_scale`` n = D/16 (byte s is the scale of dims 16s … 16s+15), SPEC NVFP4-PAGE/-SWIZZLE.
+    ``*_scale`` n = D/16 (byte s is the scale of dims 16s … 16s+15), SPEC NVFP4-PAGE/-SWIZZLE; V's
+    scales at :func:`swizzled` positions, or (``g.v_scales == "linear"``) at the row and column K's
+    take in their region (NVFP4-SCALE-PLACEMENT).
     """
     if g.mode == NVFP4:
         return _nvfp4_field_offsets(g, blocks, slots, heads, layer)
@@ -184,12 +194,12 @@ def _nvfp4_field_offsets(g: QuantGeometry, blocks, slots, heads, layer: int) -> 
     scales_at = H * N * g.data_bytes  # the scale region follows the data region in each side
     data = row(slots, heads)[..., None] * g.data_bytes + torch.arange(g.data_bytes)
     s = torch.arange(S)
-    t_sw, s_sw = swizzled(slots[..., None], s, S)
+    v_slot, v_col = swizzled(slots[..., None], s, S) if g.v_scales == SWIZZLED else (slots[..., None], s)
     return {
         "k_data": page + data,
         "k_scale": page + scales_at + row(slots, heads)[..., None] * S + s,
         "v_data": page + g.side_bytes + data,
-        "v_scale": page + g.side_bytes + scales_at + row(t_sw, heads[..., None]) * S + s_sw,
+        "v_scale": page + g.side_bytes + scales_at + row(v_slot, heads[..., None]) * S + v_col,
     }
 
 

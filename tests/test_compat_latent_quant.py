@@ -2,7 +2,7 @@
 a peer whose record, mode, code format or scale placement differs is refused, naming the field;
 a latent cache moves whole blocks from exactly one producer rank (⌊d·P/D⌋) and has no head slice;
 a quantised cache's head slice moves its scales with its data — and a copy that leaves them behind
-is caught; another order or block size is converted exactly through both offset maps."""
+is caught; another order, block size or nvfp4 V-scale placement is converted exactly through both offset maps."""
 
 import dataclasses
 import itertools
@@ -27,12 +27,13 @@ def latent_rank(fmt=LATENT_FORMATS["fp8_ds_mla"], tp_rank=0, tp_size=1, block_si
     return compat.describe_latent(L.LatentGeometry(num_blocks=6, block_size=block_size, fmt=fmt, num_layers=2), tp_rank=tp_rank, tp_size=tp_size, **kw)
 
 
-def quant_geometry(mode, order, heads=4, block_size=16) -> QL.QuantGeometry:
-    return QL.QuantGeometry(num_blocks=6, block_size=block_size, num_kv_heads=heads, head_size=64, mode=mode, order=order, num_layers=2)
+def quant_geometry(mode, order, heads=4, block_size=16, v_scales=QL.SWIZZLED) -> QL.QuantGeometry:
+    return QL.QuantGeometry(num_blocks=6, block_size=block_size, num_kv_heads=heads, head_size=64, mode=mode, order=order, num_layers=2,
+                            v_scales=v_scales)
 
 
-def quant_ranks(mode, order, tp_size=1, block_size=16, **kw) -> list[dict]:
-    g = quant_geometry(mode, order, heads=4 // tp_size, block_size=block_size)
+def quant_ranks(mode, order, tp_size=1, block_size=16, v_scales=QL.SWIZZLED, **kw) -> list[dict]:
+    g = quant_geometry(mode, order, heads=4 // tp_size, block_size=block_size, v_scales=v_scales)
     return [compat.describe_quant(g, tp_rank=r, tp_size=tp_size, total_kv_heads=4, **kw) for r in range(tp_size)]
 
 
@@ -164,14 +165,40 @@ def test_a_re_blocked_nvfp4_page_lands_with_its_v_scales_re_swizzled_and_nothing
     assert torch.equal(consumer, before)  # no other slot's scale bytes (V tiles hold four slots') changed
 
 
-def test_nvfp4_peers_with_swizzled_and_linear_v_scales_are_refused():
-    swizzled, linear = quant_ranks("nvfp4", "HND")[0], quant_ranks("nvfp4", "HND", v_scales="linear")[0]
-    for producer, consumer in ((swizzled, linear), (linear, swizzled)):
-        verdict = compat.check(producer, consumer)
-        assert not verdict.compatible and verdict.kind == "v_scales" and "v_scales" in verdict.reason
-    assert compat.check(linear, linear).plan.mode == "regions"
-    reblocked = compat.check(linear, quant_ranks("nvfp4", "HND", block_size=8, v_scales="linear")[0])
-    assert not reblocked.compatible and "does not declare" in reblocked.reason
+@pytest.mark.parametrize("producer_v,consumer_v", [(QL.SWIZZLED, QL.LINEAR), (QL.LINEAR, QL.SWIZZLED)])
+def test_nvfp4_pages_convert_between_swizzled_and_linear_v_scales_bit_for_bit(producer_v, consumer_v):
+    """An SM100 page read on an SM90 worker, and back: every V scale moves to its slot's place in the
+    other placement (NVFP4-SCALE-PLACEMENT); codes and K scales are the same bytes."""
+    verdict = compat.check(quant_ranks("nvfp4", "HND", v_scales=producer_v)[0], quant_ranks("nvfp4", "HND", v_scales=consumer_v)[0])
+    plan = verdict.plan
+    assert verdict.compatible and plan.mode == "fields" and plan.steps == ("v_scales",), str(verdict)
+    gp, gc = plan.producer.geometry, plan.consumer.geometry
+    producer = filled(gp.nbytes(), 5)
+    consumer = filled(gc.nbytes(), 6)
+    compat.execute(plan, producer, range(6), consumer, range(6))
+    assert torch.equal(consumer, producer[placement_permutation(gc, gp)]), f"converted page ≠ producer bytes re-placed [{producer_v} → {consumer_v}]"
+    back = filled(gp.nbytes(), 7)
+    compat.execute(compat.check(quant_ranks("nvfp4", "HND", v_scales=consumer_v)[0], quant_ranks("nvfp4", "HND", v_scales=producer_v)[0]).plan,
+                   consumer, range(6), back, range(6))
+    assert torch.equal(back, producer), f"round trip {producer_v} → {consumer_v} → {producer_v} changed bytes"
+
+
+def placement_permutation(to: QL.QuantGeometry, source: QL.QuantGeometry) -> torch.Tensor:
+    """``p`` with ``to``'s byte ``i`` = ``source``'s byte ``p[i]``: every field of every cell, by both offset maps."""
+    b, t, h = torch.arange(to.num_blocks)[:, None, None], torch.arange(to.block_size)[:, None], torch.arange(to.num_kv_heads)
+    p = torch.arange(to.nbytes())
+    for layer in range(to.num_layers):
+        at_to, at_source = QL.field_offsets(to, b, t, h, layer), QL.field_offsets(source, b, t, h, layer)
+        for f in QL.FIELDS:
+            p[at_to[f].flatten()] = at_source[f].flatten()
+    return p
+
+
+def test_nvfp4_linear_v_scales_re_block_and_change_order_through_their_offset_map():
+    linear = quant_ranks("nvfp4", "HND", v_scales=QL.LINEAR)[0]
+    reblocked = compat.check(linear, quant_ranks("nvfp4", "NHD", block_size=8, v_scales=QL.LINEAR)[0])
+    assert reblocked.compatible and reblocked.plan.steps == ("layout", "re-block"), str(reblocked)
+    assert "scales with their tokens" in str(reblocked) and compat.check(linear, linear).plan.mode == "regions"
 
 
 @pytest.mark.parametrize("producer,consumer,field", [

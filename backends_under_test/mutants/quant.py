@@ -216,6 +216,19 @@ class Nvfp4VScalesLinear(QuantMutant):
         return super().scale_slots(slots, g, "k")
 
 
+@mutant("quant_nvfp4_linear_v_scales_swizzled")
+class Nvfp4LinearVScalesSwizzled(QuantMutant):
+    """Declares FlashInfer's linear V scales (SM80/90/120) but stores and reads them swizzled, as the
+    SM100 kernel does: a reader of the linear page finds each V scale at another slot's or column's
+    place (NVFP4-SCALE-PLACEMENT). Its swizzled caches are right."""
+
+    catches = ("write", "read")
+    kills = ("test_codes_and_scales_land_at_reference_offsets_and_nothing_else_changes",)
+
+    def scale_slots(self, slots, g, side):
+        return super().scale_slots(slots, dataclasses.replace(g, v_scales=QL.SWIZZLED), side)
+
+
 @mutant("quant_nvfp4_k_scales_swizzled")
 class Nvfp4KScalesSwizzled(QuantMutant):
     """Swizzles K's block scales too, as ../shared/spec/MLA_AND_QUANT_FACTS.md §5 says; 0.33.0's
@@ -225,7 +238,9 @@ class Nvfp4KScalesSwizzled(QuantMutant):
     kills = ("test_codes_and_scales_land_at_reference_offsets_and_nothing_else_changes",)
 
     def scale_slots(self, slots, g, side):
-        return super().scale_slots(slots, g, "v")
+        if side == "k":  # as V's are on SM100, whatever this cache's V placement
+            return super().scale_slots(slots, dataclasses.replace(g, v_scales=QL.SWIZZLED), "v")
+        return super().scale_slots(slots, g, side)
 
 
 @mutant("quant_nvfp4_global_scale_ignored")

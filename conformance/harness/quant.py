@@ -25,13 +25,22 @@ from .case import GUARD, Case, random_bytes
 __tracebackhide__ = a_finding  # a failure shows from the check's line (assertions.a_finding)
 
 
-def declared(case: Case, op: str, mode: str, order: str):
-    """The backend's quant declaration; not applicable when it lacks ``op``, ``mode`` or ``order``."""
+# The (mode, nvfp4 V-scale placement) pairs each quant check runs, and their test ids: every mode as
+# SPEC §16 and NVFP4-SWIZZLE place it, then nvfp4 as FlashInfer's SM80/90/120 writer does (NVFP4-SCALE-PLACEMENT).
+VARIANTS = [(mode, QL.SWIZZLED) for mode in QL.MODES] + [(QL.NVFP4, QL.LINEAR)]
+VARIANT_IDS = [mode if v_scales == QL.SWIZZLED else f"{mode}_{v_scales}_v" for mode, v_scales in VARIANTS]
+
+
+def declared(case: Case, op: str, mode: str, order: str, v_scales: str = QL.SWIZZLED):
+    """The backend's quant declaration; not applicable when it lacks ``op``, ``mode``, ``order`` or
+    the nvfp4 V-scale placement."""
     caps = case.backend.capabilities.quant
     for lacks, what in ((caps is None, "declares no per-token-head quantised cache"),
                         (caps is not None and op not in caps.ops, f"does not declare op '{op}'"),
                         (caps is not None and mode not in caps.modes, f"does not declare kv_cache_dtype {mode}"),
-                        (caps is not None and order not in caps.orders, f"does not declare the {order} order for {mode}")):
+                        (caps is not None and order not in caps.orders, f"does not declare the {order} order for {mode}"),
+                        (caps is not None and mode == QL.NVFP4 and v_scales not in caps.v_scales,
+                         f"does not declare nvfp4 V scales {v_scales} (its writer's: {', '.join(caps.v_scales) if caps else ''})")):
         if lacks:
             raise undeclared(case.backend, what)
     return caps
@@ -40,11 +49,11 @@ def declared(case: Case, op: str, mode: str, order: str):
 CHECKPOINT_SCALES = (0.75, 1.25)  # k_scale, v_scale: not 1, so a writer that drops nvfp4's global scale shows
 
 
-def quant_spec(case: Case, op: str, mode: str, order: str, *, num_blocks: int = 5, num_layers: int = 1, layer: int = 0,
-               num_kv_heads: int | None = None, head_size: int | None = None, block_size: int | None = None) -> QuantSpec:
+def quant_spec(case: Case, op: str, mode: str, order: str, v_scales: str = QL.SWIZZLED, *, num_blocks: int = 5, num_layers: int = 1,
+               layer: int = 0, num_kv_heads: int | None = None, head_size: int | None = None, block_size: int | None = None) -> QuantSpec:
     """A small cache inside the declaration (the first declared block size and head size the mode
     can take, most heads); not applicable when the mode can take none (QL.unmet)."""
-    caps = declared(case, op, mode, order)
+    caps = declared(case, op, mode, order, v_scales)
     if num_layers not in caps.num_layers:
         raise undeclared(case.backend, f"declares quant num_layers={caps.num_layers}, not {num_layers}")
     if block_size is not None and block_size not in caps.block_sizes:
@@ -54,7 +63,7 @@ def quant_spec(case: Case, op: str, mode: str, order: str, *, num_blocks: int = 
         why = QL.unmet(mode, caps.block_sizes[0], head_size or caps.head_sizes[0]) or f"head size {head_size} is not declared"
         raise undeclared(case.backend, f"declares block sizes {caps.block_sizes} and head sizes {caps.head_sizes}: {why}")
     g = QL.QuantGeometry(num_blocks=num_blocks, block_size=fits[0][0], num_kv_heads=num_kv_heads or max(caps.num_kv_heads),
-                         head_size=fits[0][1], mode=mode, order=order, num_layers=num_layers)
+                         head_size=fits[0][1], mode=mode, order=order, num_layers=num_layers, v_scales=v_scales)
     return QuantSpec(geometry=g, layer=layer, k_scale=CHECKPOINT_SCALES[0], v_scale=CHECKPOINT_SCALES[1])
 
 

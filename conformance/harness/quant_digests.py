@@ -1,8 +1,9 @@
 """Golden digests of quantised caches (SPEC §16, §16.1, EQUIV-CROSS-MACHINE): fixed inputs written
 into a zeroed cache of each mode and order, as the reference wrote them when the file was made. A
 backend's written pages must hash the same on every machine: the label names the order and, for
-``fp8_per_token_head``, the platform's e4m3 variant (``-fnuz`` on gfx942, whose bound is 224), so
-one digest holds for every platform that writes that label.
+``fp8_per_token_head``, the platform's e4m3 variant (``-fnuz`` on gfx942, whose bound is 224), for
+nvfp4 with linear V scales ``-linear_v`` (NVFP4-SCALE-PLACEMENT), so one digest holds for every
+platform that writes that label.
 
 The inputs are exact: every row's (nvfp4: every group's) largest magnitude is the mode's bound
 times a power of two and every value is a code of the mode times that power, so scale, reciprocal
@@ -27,6 +28,7 @@ from kvconform.reference import quant_layouts as QL
 
 from . import golden_digest_files as files
 from .golden_digest_files import PLATFORMS, digest
+from .quant import VARIANTS
 
 SCHEMA = "kvconform-quant-digests/1"
 PATH = Path(__file__).with_name("quant_digests.json")
@@ -36,13 +38,14 @@ CHECKPOINT_SCALES = (1.0, 0.5)  # k_scale, v_scale: nvfp4's global scales 1 and 
 BOUNDS = {"int8_per_token_head": 127.0, "fp8_per_token_head": 448.0, QL.NVFP4: 6.0}  # fnuz's 224 halves the fp8 scale: still exact
 
 
-def label(mode: str, order: str, platform: str = "cpu", arch: str = "") -> str:
+def label(mode: str, order: str, platform: str = "cpu", arch: str = "", v_scales: str = QL.SWIZZLED) -> str:
     fnuz = mode == "fp8_per_token_head" and fp8.platform_e4m3(platform, arch).dtype == torch.float8_e4m3fnuz
-    return f"{mode}:{order}" + ("-fnuz" if fnuz else "")
+    return f"{mode}:{order}" + ("-fnuz" if fnuz else "") + ("" if v_scales == QL.SWIZZLED else f"-{v_scales}_v")
 
 
-def golden_spec(mode: str, order: str) -> QuantSpec:
-    g = QL.QuantGeometry(num_blocks=BLOCKS, block_size=BLOCK_SIZE, num_kv_heads=HEADS, head_size=HEAD_SIZE, mode=mode, order=order)
+def golden_spec(mode: str, order: str, v_scales: str = QL.SWIZZLED) -> QuantSpec:
+    g = QL.QuantGeometry(num_blocks=BLOCKS, block_size=BLOCK_SIZE, num_kv_heads=HEADS, head_size=HEAD_SIZE, mode=mode, order=order,
+                         v_scales=v_scales)
     return QuantSpec(geometry=g, k_scale=CHECKPOINT_SCALES[0], v_scale=CHECKPOINT_SCALES[1])
 
 
@@ -80,9 +83,9 @@ def written_pages(region: torch.Tensor, g: QL.QuantGeometry) -> torch.Tensor:
     return region[WRITTEN.start * g.page_bytes : WRITTEN.stop * g.page_bytes]
 
 
-def reference_bytes(mode: str, order: str, platform: str = "cpu", arch: str = "") -> torch.Tensor:
+def reference_bytes(mode: str, order: str, platform: str = "cpu", arch: str = "", v_scales: str = QL.SWIZZLED) -> torch.Tensor:
     """The reference's golden cache (a zeroed cache, then the golden write) on this platform."""
-    spec = golden_spec(mode, order)
+    spec = golden_spec(mode, order, v_scales)
     region = torch.zeros(spec.geometry.nbytes(), dtype=torch.uint8)
     key, value, slots = golden_inputs(mode)
     QC.write(key, value, region, spec.geometry, slots, platform=platform, arch=arch, k_scale=spec.k_scale, v_scale=spec.v_scale)
@@ -90,10 +93,10 @@ def reference_bytes(mode: str, order: str, platform: str = "cpu", arch: str = ""
 
 
 def reference_digests() -> dict[str, str]:
-    """The digest of every mode and order on each platform of ``PLATFORMS``."""
-    return files.one_per_label((label(mode, order, platform, arch), f"{platform}/{arch}",
-                                digest(written_pages(reference_bytes(mode, order, platform, arch), golden_spec(mode, order).geometry)))
-                               for platform, arch in PLATFORMS for mode in QL.MODES for order in QL.ORDERS)
+    """The digest of every mode (nvfp4: both V-scale placements) and order on each platform of ``PLATFORMS``."""
+    return files.one_per_label((label(mode, order, platform, arch, v_scales), f"{platform}/{arch}",
+                                digest(written_pages(reference_bytes(mode, order, platform, arch, v_scales), golden_spec(mode, order).geometry)))
+                               for platform, arch in PLATFORMS for mode, v_scales in VARIANTS for order in QL.ORDERS)
 
 
 def load() -> dict[str, str]:

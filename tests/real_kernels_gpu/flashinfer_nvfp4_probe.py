@@ -19,6 +19,7 @@ writers in tests/test_flashinfer_nvfp4_probe.py; only :func:`flashinfer_writer` 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -101,12 +102,11 @@ def probe_values(rows: int, heads: int, head_size: int, unit: float, seed: int, 
 
 
 def placements(g: QL.QuantGeometry, slots: torch.Tensor, v_scales: str) -> dict[str, torch.Tensor]:
-    """Byte offsets ``[T, H, n]`` of each field of the written (slot, head) cells: the reference's
-    (``v_scales="swizzled"``, SPEC NVFP4-SWIZZLE) or with V's scales where K's sit, one side on."""
-    where = QL.field_offsets(g, (slots // g.block_size)[:, None], (slots % g.block_size)[:, None], torch.arange(g.num_kv_heads))
-    if v_scales == "linear":
-        where["v_scale"] = where["k_scale"] + g.side_bytes
-    return where
+    """Byte offsets ``[T, H, n]`` of each field of the written (slot, head) cells, V's scales
+    ``swizzled`` (SPEC NVFP4-SWIZZLE) or ``linear`` (where K's sit, one side on): the reference's
+    ``field_offsets`` at that placement (NVFP4-SCALE-PLACEMENT; tests/test_nvfp4_placements.py)."""
+    placed = dataclasses.replace(g, v_scales=v_scales)
+    return QL.field_offsets(placed, (slots // g.block_size)[:, None], (slots % g.block_size)[:, None], torch.arange(g.num_kv_heads))
 
 
 def expected_storage(initial, g, key, value, slots, k_scale, v_scale, v_scales: str = "swizzled"):
