@@ -11,6 +11,12 @@ writes or allocates its own heads, all ranks exchange kvconform.compat layout de
 handshake), and every consumer rank receives, from each producer rank that holds some of its
 heads, exactly the transfer the compat plan names — region to region when the layouts agree,
 the canonical wire form otherwise — then checks its own decode over its own heads.
+
+Between devices (issue #41): ``python -m kvconform.transfer devices [cuda:0,cuda:1 | cpu,cpu]``
+runs TP 1→2, 2→1, 2→4, 4→2 with producer ranks on the first half of the devices and consumer ranks
+on the second, one process per device (conformance/harness/device_transfer.py, which the check
+CONN-RESHARD-DEVICES runs too), every consumer rank compared bit for bit with the reference, and
+prints each consumer rank's device, heads, bytes, seconds and the transfer's bytes per second.
 """
 
 from __future__ import annotations
@@ -18,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import socket
 import time
 import traceback
 from datetime import timedelta
@@ -29,6 +34,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from kvconform import reference as R
+from kvconform.conformance.harness.device_transfer import DeviceJob, free_port, report_lines, run_on_devices
 
 TOKENS, SEED = 37, 7
 FIRST_BLOCK = 2
@@ -165,18 +171,12 @@ def _pair_worker(rank: int, pair: Pair, engine: str, port: int, results) -> None
         _timed(rank, results, lambda: _send(pair, blocks, device) if rank == 0 else _receive(pair, blocks, device))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_processes(worker, world: int, args: tuple, timeout: float) -> tuple[dict, list, float]:
     """``worker(rank, *args, port, results, engine)`` in ``world`` fresh processes; always reaps them.
     Returns each rank's result, the exit codes, and the wall time."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=worker, args=(rank, *args, port, results), daemon=True) for rank in range(world)]
     start = time.perf_counter()
     for p in procs:
@@ -358,10 +358,31 @@ def run_reshard(job: Reshard, timeout: float = 180.0, engine: str = "gloo") -> d
     return {"ok": ok, "consumers": consumers, "producers": producers, "wall_s": wall}
 
 
+DEVICE_TP_CHANGES = ((1, 2), (2, 1), (2, 4), (4, 2))
+
+
+def device_jobs(num_blocks: int = 5, producer_layout: str = "E1:NHD", consumer_layout: str = "E1:NHD", backend: str = "reference") -> list[DeviceJob]:
+    """The TP changes between devices over a 4-head model of 3 layers, blocks 2.. of ``num_blocks`` shipped."""
+    g = R.Geometry(num_blocks=num_blocks, block_size=16, num_kv_heads=4, head_size=128, dtype=torch.bfloat16, num_layers=3)
+    blocks = tuple(range(2, num_blocks))
+    return [DeviceJob(backend, producer_layout, consumer_layout, g, 4, p, c, blocks, blocks, SEED) for p, c in DEVICE_TP_CHANGES]
+
+
+def main_devices(devices: list[str]) -> None:
+    for report in run_on_devices(device_jobs(), devices):
+        print("\n".join(report_lines(report)))
+        for failure in report.failures:
+            print(failure.failure)
+
+
 def main() -> None:
-    """``python -m kvconform.transfer [gloo|nccl]``: every pair plus the wrong-plane sender, with timings."""
+    """``python -m kvconform.transfer [gloo|nccl]``: every pair plus the wrong-plane sender, with timings;
+    ``python -m kvconform.transfer devices [LIST]``: the TP changes between devices (default: cpu,cpu)."""
     import sys
 
+    if sys.argv[1:2] == ["devices"]:
+        main_devices((sys.argv[2] if len(sys.argv) > 2 else "cpu,cpu").split(","))
+        return
     engine = sys.argv[1] if len(sys.argv) > 1 else "gloo"
     print(f"engine {engine}")
     for pair in PAIRS + (dataclasses.replace(PAIRS[0], name="wrong-plane (must fail)", wrong_plane=True),):

@@ -91,8 +91,9 @@ def two_gpus(monkeypatch):
     return chosen
 
 
-def gpu_config(workerid=None, device=None):
-    config = types.SimpleNamespace(getoption=lambda name, default=None: device if name == "kvc_device" else default)
+def gpu_config(workerid=None, device=None, devices=None, workers=None):
+    given = {"kvc_device": device, "kvc_devices": devices, "numprocesses": workers}
+    config = types.SimpleNamespace(getoption=lambda name, default=None: given.get(name) or default)
     if workerid:
         config.workerinput = {"workerid": workerid}
     return config
@@ -110,3 +111,17 @@ def test_a_named_gpu_or_the_controller_chooses_none(two_gpus):
     scheduling.choose_worker_gpu(gpu_config("gw1", "cpu"))
     scheduling.choose_worker_gpu(gpu_config(None))
     assert two_gpus == []
+
+
+def test_kvc_devices_overrides_which_gpu_each_worker_takes(two_gpus):
+    for workerid in ("gw0", "gw1", "gw2"):
+        scheduling.choose_worker_gpu(gpu_config(workerid, devices="cuda:1,cuda:0,cpu"))
+    scheduling.choose_worker_gpu(gpu_config("gw5", devices="cuda:0"))
+    assert two_gpus == [1, 0, 0], "worker gwN takes devices[N % len]; a cpu entry sets no GPU"
+
+
+def test_the_header_names_each_workers_device(two_gpus):
+    header = scheduling.Scheduler(None).pytest_report_header(gpu_config(devices="cuda:0,cuda:1", workers=3))
+    assert header.endswith(": gw0 cuda:0, gw1 cuda:1, gw2 cuda:0"), header
+    assert "spread over 2 device(s)" in header
+    assert scheduling.Scheduler(None).pytest_report_header(gpu_config(device="cpu")) is None

@@ -359,3 +359,24 @@ class ConnectorImportAssumesOwnWireLayout(Mutant):
 
     def import_blocks(self, cache, spec, block_ids, wire, heads=None, num_tokens=None):
         super().import_blocks(cache, spec, block_ids, dataclasses.replace(wire, layout=HEAD_MAJOR_WIRE), heads, num_tokens)
+
+
+@mutant("connector_reshard_routes_heads_to_the_wrong_device")
+class ConnectorReshardRoutesHeadsToTheWrongDevice(Mutant):
+    """Its handshake plans, for consumer rank r, the slices of consumer rank r + 1 (wrapping): every
+    slice goes to the next consumer rank, so on two GPUs the heads of one GPU's ranks land on the
+    other's (an off-by-one in the rank → peer table of a P/D connector; issue #41)."""
+
+    catches = ("connector",)
+    kills = ("test_resharding_between_devices_lands_every_consumers_heads",)
+    # The check runs only with two devices: the CPU stand-in, and only that check (each spawns processes).
+    suite_args = ("--kvc-devices", "cpu,cpu", "-k", "between_devices")
+
+    def handshake(self, local, remote):
+        verdict = compat.check(remote, local)
+        if not verdict.compatible or verdict.plan.consumer.tp_size == 1:
+            return verdict
+        p, c = verdict.plan.producer, verdict.plan.consumer
+        meant_for_next = R.connector.head_slices(c.total_kv_heads, p.tp_size, c.tp_size, (c.tp_rank + 1) % c.tp_size)
+        slices = tuple(s for s in meant_for_next if s.producer_rank == p.tp_rank)
+        return dataclasses.replace(verdict, plan=dataclasses.replace(verdict.plan, slices=slices))

@@ -36,6 +36,7 @@ from hypothesis.errors import Unsatisfiable
 from kvconform import reference as R
 from kvconform.backends_under_test.contract import CONNECTOR_OPS, Backend, OpUnavailable
 
+from . import placement
 from .lazy_memory import lazy_mapping
 
 DECLARATION, RUN, MACHINE = "declaration", "run", "machine"
@@ -75,6 +76,7 @@ class Context:
     device: str
     huge: bool
     compare_digests: bool
+    devices: tuple[str, ...] = ()  # --kvc-devices (or every GPU of a cuda run with several)
 
 
 def _backend(ctx: Context) -> str:
@@ -216,6 +218,11 @@ def _connector_ops(ctx, _):
     return f"declares no connector op ({', '.join(sorted(CONNECTOR_OPS))}): it ships no blocks of its own"
 
 
+def _two_devices(ctx, _):
+    why = placement.refusal(ctx.devices)
+    return f"{why}; give --kvc-devices cpu,cpu for the CPU stand-in, or two GPUs (--kvc-devices cuda:0,cuda:1)" if why else None
+
+
 def _this_run(_ctx) -> str:
     return "this run"
 
@@ -260,6 +267,7 @@ NEEDS = {
     "standard_e1": Need(RUN, _this_run, lambda ctx, _: _standard_specific(ctx, "e1"), first=("declares_e1",)),
     "standard_e3": Need(RUN, _this_run, lambda ctx, _: _standard_specific(ctx, "e3"), first=("declares_e3",)),
     "compare_digests": Need(RUN, _this_run, _compare_digests),
+    "two_devices": Need(RUN, _this_run, _two_devices),
     "gpu": Need(MACHINE, _this_machine, _gpu, first=("cpu_platform",)),
     "memory_2_31": Need(MACHINE, _this_machine, _memory_2_31),
 }

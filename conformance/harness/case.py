@@ -58,6 +58,8 @@ class Case:
     repro: str  # a shell line that re-runs this one test with this run's options
     facts: TestFacts = dataclasses.field(default_factory=TestFacts)  # what the test built and touched, for its record
     huge: bool = False  # --kvc-huge: probe caches past 2^31 elements fully allocated (random-filled on a GPU)
+    devices: tuple[str, ...] = ()  # --kvc-devices: where the checks between devices put their ranks (harness/placement.py)
+    backend_spec: str = ""  # what --kvc-backend said: a process of its own loads the backend by it (harness/device_transfer.py)
     block_size: int | None = None  # a fixed check run at one of several block sizes (examples.py)
     unavailable: UnavailableSpecs = dataclasses.field(default_factory=UnavailableSpecs)  # specs this machine cannot run (examples.py)
     # strategies.geometry_choices per kv_cache_dtypes: asked once per example drawn; not copied by replace()

@@ -143,7 +143,7 @@ def plan(item, run) -> Planned | None:
     reason = param.reason
     if reason is None and backend is not None:
         ctx = Context(backend=backend, layout=param.layout, standard=run.options.standard, device=run.options.device,
-                      huge=run.options.huge, compare_digests=run.compare is not None)
+                      huge=run.options.huge, compare_digests=run.compare is not None, devices=run.options.devices)
         reason = not_applicable(ctx, needs_of(item, callspec.params.get("golden_case")))
     identity = test_id(item)
     if identity is None:  # not a check module's test, though parametrized like one

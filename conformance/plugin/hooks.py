@@ -202,7 +202,8 @@ def case(request, case_param):
     if run.options.device.startswith("cuda"):
         torch.cuda.manual_seed_all(run.options.seed)
     return Case(backend=case_param.loaded.backend, layout=case_param.layout, device=run.options.device, seed=run.options.seed,
-                standard=run.options.standard, test_id=planned.test_id, repro=planned.repro, huge=run.options.huge)
+                standard=run.options.standard, test_id=planned.test_id, repro=planned.repro, huge=run.options.huge,
+                devices=run.options.devices, backend_spec=case_param.loaded.spec)
 
 
 @pytest.fixture

@@ -31,6 +31,10 @@ OPTIONS = (
                            help="backend(s) to check, comma-separated or repeated: a registered name, 'mutant:NAME', "
                                 "'vllm:NAME[+shuffle]' or 'pkg.module:attr' (default: every built-in that loads here)")),
     ("device", True, dict(default=None, help="torch device for caches: cpu, cuda[:N], xpu, a PrivateUse1 backend's name … (default: cuda if available, else cpu)")),
+    ("devices", False, dict(default=None, metavar="LIST",
+                            help="devices for the checks that need several (comma list: cuda:0,cuda:1, or cpu,cpu for the CPU stand-in), "
+                                 "and for the xdist workers (worker gwN on device N % count) (default: every GPU when --kvc-device is cuda "
+                                 "and there are two or more, else none)")),
     ("seed", True, dict(type=int, default=0, help=f"seed for Hypothesis and all generated data, 0 to {SEED_RANGE[1]} (default 0)")),
     ("profile", True, dict(choices=PROFILES, default="quick", help="Hypothesis example budget: quick (6 examples, unshrunk) or full (80, shrunk)")),
     ("standard", True, dict(choices=STANDARDS, default=None, help="layout standard the shape/split checks hold backends to "
@@ -102,6 +106,7 @@ class RunOptions:
     expectations: str | None
     update_expectations: str | None
     certify: str | None = None
+    devices: tuple[str, ...] = ()  # --kvc-devices, or every GPU of a cuda run with several (session.start)
 
     @classmethod
     def from_config(cls, config, default_device: str) -> "RunOptions":
@@ -115,16 +120,28 @@ class RunOptions:
             standard=get("standard"), json_path=get("json"), html_path=get("html"), huge=get("huge"), timeout=get("timeout"),
             export_digests=get("export-digests"), compare_digests=get("compare-digests"),
             expectations=get("expectations"), update_expectations=get("update-expectations"), certify=get("certify"),
+            devices=device_list(get("devices")),
         )
 
     def cli_args(self) -> list[str]:
         """The options that reproduce this run's seed, profile, standard and device (canonical
         spellings: a repro line must mean the same inside any vendor repository)."""
-        return ["--kvc-seed", str(self.seed), "--kvc-profile", self.profile, "--kvc-standard", self.standard, "--kvc-device", self.device]
+        devices = ["--kvc-devices", ",".join(self.devices)] if self.devices else []
+        return ["--kvc-seed", str(self.seed), "--kvc-profile", self.profile, "--kvc-standard", self.standard, "--kvc-device", self.device, *devices]
 
 
 class OptionError(InputError):
     """A kvconform option that cannot be used as given; the message names it and what was expected."""
+
+
+def device_list(value: str | None) -> tuple[str, ...]:
+    """``--kvc-devices cuda:0,cuda:1`` → ``("cuda:0", "cuda:1")``; a device may repeat (``cpu,cpu``)."""
+    if value is None:
+        return ()
+    devices = tuple(d.strip() for d in value.split(","))
+    if not all(devices):
+        raise OptionError(f"--kvc-devices {value!r}: an empty entry; expected a comma list of devices, e.g. cuda:0,cuda:1 or cpu,cpu")
+    return devices
 
 
 def validate(options: RunOptions) -> None:
@@ -146,22 +163,22 @@ def validate(options: RunOptions) -> None:
 ANY_DEVICE = "a device torch allocates on here: cpu, cuda[:N], xpu[:N], or a PrivateUse1 backend's name[:N] (docs/VENDOR_CI.md §1)"
 
 
-def check_device(device: str) -> None:
+def check_device(device: str, option: str = "--kvc-device") -> None:
     """Any device torch knows, if it exists here: a cache is allocated on it once, up front."""
     import torch  # not at the top: this module loads in every pytest of the environment (hooks.py says why)
 
     try:
         parsed = torch.device(device)
     except (RuntimeError, ValueError) as exc:
-        raise OptionError(f"--kvc-device {device!r}: not a device name ({exc}); expected {ANY_DEVICE}") from exc
+        raise OptionError(f"{option} {device!r}: not a device name ({exc}); expected {ANY_DEVICE}") from exc
     if parsed.type == "meta":
-        raise OptionError(f"--kvc-device {device}: a meta tensor holds no bytes; expected {ANY_DEVICE}")
+        raise OptionError(f"{option} {device}: a meta tensor holds no bytes; expected {ANY_DEVICE}")
     try:
         torch.empty(1, device=parsed)
     except Exception as exc:  # noqa: BLE001 - torch raises AssertionError, RuntimeError … depending on the build
         here = "cpu" + (f", cuda:0 … cuda:{torch.cuda.device_count() - 1}" if torch.cuda.is_available() else "")
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise OptionError(f"--kvc-device {device}: not available on this machine ({reason}); devices here: {here}") from exc
+        raise OptionError(f"{option} {device}: not available on this machine ({reason}); devices here: {here}") from exc
 
 
 # ----------------------------------------------------------------------------- pytest internals

@@ -14,7 +14,9 @@ idled (an H200 run: 83 s of swap probes, 85 s of wall). Here, on a suite run wit
 - on a machine with several GPUs, worker ``gwN`` keeps its caches on GPU ``N % count`` when the
   run's device is ``cuda`` (given or the default): ``torch.cuda.set_device`` before anything
   touches a GPU, so a 2 × H200 machine runs twice as many workers' caches side by side. The
-  repro lines still say ``--kvc-device cuda``.
+  repro lines still say ``--kvc-device cuda``. ``--kvc-devices LIST`` overrides the list: worker
+  ``gwN`` takes ``LIST[N % len]`` (``--kvc-devices cuda:0`` keeps every worker on one GPU); the
+  header names each worker's device.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import pytest
 import torch
 from hypothesis import settings
 
-from . import collection
+from . import collection, options
 
 DURATIONS = "kvconform_durations"  # workerinput key: {test id: seconds} of the previous run
 
@@ -89,10 +91,12 @@ class Scheduler:
         return self.previous
 
     def pytest_report_header(self, config):
-        count = _gpus(config)
-        if count > 1:
-            return f"kvconform: xdist workers spread over {count} GPUs (worker gwN on cuda:N % {count})"
-        return None
+        devices = worker_devices(config)
+        if not devices:
+            return None
+        workers = config.getoption("numprocesses", None)
+        named = "" if not isinstance(workers, int) else ": " + ", ".join(f"gw{n} {devices[n % len(devices)]}" for n in range(workers))
+        return f"kvconform: xdist workers spread over {len(set(devices))} device(s) (worker gwN on device N % {len(devices)} of {','.join(devices)}){named}"
 
     # ------------------------------------------------------------------ workers
     @pytest.hookimpl(trylast=True)  # after kvconform has planned each test
@@ -116,16 +120,23 @@ def in_use(config) -> bool:
 
 
 def choose_worker_gpu(config) -> None:
-    """On an xdist worker of a run on ``cuda`` (given or the default) with several GPUs: make GPU
-    ``N % count`` of worker ``gwN`` the current one, before anything touches a GPU."""
-    count = _gpus(config)
+    """On an xdist worker ``gwN``: make ``devices[N % len]`` of :func:`worker_devices` the current
+    GPU, before anything touches a GPU (a CPU entry of ``--kvc-devices`` changes nothing)."""
+    devices = worker_devices(config)
     worker = getattr(config, "workerinput", {}).get("workerid", "")
-    if count > 1 and worker.startswith("gw"):
-        torch.cuda.set_device(int(worker[2:]) % count)
+    if devices and worker.startswith("gw"):
+        device = torch.device(devices[int(worker[2:]) % len(devices)])
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device.index)
 
 
-def _gpus(config) -> int:
-    """How many GPUs the run's workers spread over: 0 unless its device is plain ``cuda``."""
+def worker_devices(config) -> list[str]:
+    """The devices the xdist workers spread over: ``--kvc-devices`` as given; else every GPU when
+    the run's device is plain ``cuda`` (given or the default) and there are several; else none."""
+    given = config.getoption("kvc_devices", None)
+    if given:
+        return list(options.device_list(given))
     if config.getoption("kvc_device", None) not in (None, "cuda"):
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return []
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return [f"cuda:{i}" for i in range(count)] if count > 1 else []

@@ -97,6 +97,8 @@ def start(config) -> SuiteRun:
     given = options.RunOptions.from_config(config, "cuda" if cuda else "cpu")
     if given.certify:
         given = certify.pinned(config, given)
+    if not given.devices and given.device == "cuda" and torch.cuda.device_count() > 1:
+        given = dataclasses.replace(given, devices=tuple(f"cuda:{i}" for i in range(torch.cuda.device_count())))
     worker = hasattr(config, "workerinput")  # xdist workers send their reports to the controller
     plan = plan_run(given, os.environ, worker=worker, xdist=bool(getattr(config.option, "numprocesses", None)), cuda=cuda,
                     shows_only=options.runs_no_tests(config), junit_path=getattr(config.option, "xmlpath", None))
@@ -107,6 +109,8 @@ def wire(config, plan: RunPlan) -> SuiteRun:
     """Do what ``plan`` says, checks first: nothing below the results lock can refuse the run."""
     _prepare_process(config, plan)
     options.check_device(plan.options.device)
+    for device in dict.fromkeys(plan.options.devices) if plan.controller else ():  # a worker would open a context on every GPU
+        options.check_device(device, "--kvc-devices")
     if plan.controller:
         check_outputs(plan.outputs, plan.inputs)
     _configure_hypothesis(config, plan)
