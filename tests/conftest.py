@@ -10,7 +10,10 @@ from hypothesis import HealthCheck, settings
 
 from kvconform.conformance.plugin import quiet_exit
 
-from . import background, fast_tier
+from kvconform import builtin_coverage
+
+from . import background, fast_tier, worker_groups
+from .suite_runs import run_suite
 from .vllm_cpu import runs as vllm_cpu_runs
 
 settings.register_profile("quick", max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
@@ -25,6 +28,28 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     fast_tier.configure(config)
+    if hasattr(config, "workerinput"):
+        worker_groups.forget_being_a_worker()
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: absent under -p no:xdist
+def pytest_xdist_make_scheduler(config, log):
+    return worker_groups.GroupScheduling(config, log)
+
+
+@pytest.hookimpl(trylast=True)  # after the fast tier's deselection
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):
+        items[:] = worker_groups.order(items)
+
+
+@pytest.fixture(scope="session")
+def builtin_documents(tmp_path_factory):
+    """The runs docs/COVERAGE.md is made of (every built-in, quick profile, seed 0; E3 again):
+    read by the coverage tests and, for the correct built-ins' verdicts, by the mutant tests —
+    the interpreted Triton backends over every family are the costliest runs of the session."""
+    runs = [run_suite(tmp_path_factory.mktemp("builtin"), "-n", "2", *args) for args in builtin_coverage.runs()]
+    return [run.document for run in runs]
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +65,9 @@ def vllm_runs():
 def pytest_collection_finish(session):
     if os.environ.get("KVCONFORM_VLLM_PYTHON"):
         vllm_cpu_runs.register(os.environ["KVCONFORM_VLLM_PYTHON"])
-    background.start_for(session.items)
+    # An xdist worker collects every test but runs only its groups: its jobs start when a fixture reads them.
+    if not hasattr(session.config, "workerinput"):
+        background.start_for(session.items)
 
 
 def pytest_sessionfinish(session):

@@ -13,7 +13,7 @@ a module drops out of the tier (every listed test of it renamed or removed).
 
 Regenerate (a full run, ~15 min on two cores, then the selection; see docs/PERFORMANCE.md)::
 
-    ./kvc test --record-durations /tmp/durations.jsonl
+    ./kvc test -n 0 --record-durations /tmp/durations.jsonl
     .venv/bin/python -m tests.fast_tier /tmp/durations.jsonl
 
 The selection keeps each module's cheapest measured test, then adds the cheapest remaining tests
@@ -61,6 +61,9 @@ def add_options(parser: pytest.Parser) -> None:
 def configure(config: pytest.Config) -> None:
     # Under xdist the controller sees every worker's reports: it alone records.
     record = None if hasattr(config, "workerinput") else config.getoption("record_durations")
+    if record and getattr(config.option, "numprocesses", None):  # ./kvc test gives -n 2
+        raise pytest.UsageError("--record-durations needs one process (add -n 0): the fixtures a test shares are seen where it runs, "
+                                "and an xdist controller runs none")
     if config.getoption("fast") or record:
         config.pluginmanager.register(FastTier(config.getoption("fast"), record), "kvc-fast-tier")
 

@@ -3,7 +3,6 @@ is that table, and the classes and holes are computed as documented."""
 
 import copy
 
-import pytest
 import torch
 
 from kvconform import builtin_coverage
@@ -11,12 +10,6 @@ from kvconform.conformance.harness.exercised import value_classes
 from kvconform.reports import coverage as C
 
 from .suite_runs import ROOT, run_suite
-
-
-@pytest.fixture(scope="module")
-def builtin_documents(tmp_path_factory):
-    runs = [run_suite(tmp_path_factory.mktemp("coverage"), "-n", "2", *args) for args in builtin_coverage.runs()]
-    return [run.document for run in runs]
 
 
 def test_declared_capabilities_of_the_builtin_backends_have_no_empty_cell(builtin_documents):
