@@ -47,7 +47,10 @@ def pinned(config, opts: options.RunOptions) -> options.RunOptions:
         refused.append(f"{' '.join(outside)} (a certified run collects the whole {collection.SUITE}, nothing more or less)")
     if refused:
         raise options.OptionError("--kvc-certify refuses " + "; ".join(refused))  # a usage error (exit 4), made in hooks.pytest_configure
-    return dataclasses.replace(opts, profile=submission.PROFILE, seed=submission.SEED)
+    # A CPU run shows the transfer between devices on the CPU stand-in (CONN-RESHARD-DEVICES): not
+    # applicable for want of a second device would refuse certification of every CPU backend.
+    devices = opts.devices or (("cpu", "cpu") if opts.device == "cpu" else ())
+    return dataclasses.replace(opts, profile=submission.PROFILE, seed=submission.SEED, devices=devices)
 
 
 def _given(config, name: str) -> bool:
