@@ -13,6 +13,7 @@ import torch
 from kvconform import reference as R
 from kvconform.conformance.harness.device_transfer import DeviceJob, run_on_devices
 from kvconform.conformance.harness.placement import CannotPlace, place
+from kvconform.conformance.plugin.options import OptionError, check_device, device_list
 
 WRONG_DEVICE = "mutant:connector_reshard_routes_heads_to_the_wrong_device"
 
@@ -39,6 +40,14 @@ def test_four_devices_split_in_halves_round_robin():
 def test_one_device_cannot_hold_producers_and_consumers_apart(devices):
     with pytest.raises(CannotPlace, match="needs two devices"):
         place(1, 2, devices)
+
+
+def test_kvc_devices_is_a_comma_list_and_a_bad_entry_is_an_error_naming_the_option():
+    assert device_list("cuda:0, cuda:1") == ("cuda:0", "cuda:1") and device_list("cpu,cpu") == ("cpu", "cpu") and device_list(None) == ()
+    with pytest.raises(OptionError, match="--kvc-devices 'cuda:0,,cuda:1': an empty entry"):
+        device_list("cuda:0,,cuda:1")
+    with pytest.raises(OptionError, match="--kvc-devices 'gpu7': not a device name"):
+        check_device("gpu7", "--kvc-devices")
 
 
 def job(producer_tp, consumer_tp, backend="reference", consumer_layout="E1:NHD") -> DeviceJob:
