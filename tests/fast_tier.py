@@ -61,7 +61,7 @@ def add_options(parser: pytest.Parser) -> None:
 def configure(config: pytest.Config) -> None:
     # Under xdist the controller sees every worker's reports: it alone records.
     record = None if hasattr(config, "workerinput") else config.getoption("record_durations")
-    if record and getattr(config.option, "numprocesses", None):  # ./kvc test gives -n 2
+    if record and getattr(config.option, "numprocesses", None):  # -n N, or KVCONFORM_TEST_WORKERS
         raise pytest.UsageError("--record-durations needs one process (add -n 0): the fixtures a test shares are seen where it runs, "
                                 "and an xdist controller runs none")
     if config.getoption("fast") or record:

@@ -1,8 +1,8 @@
-"""kvconform's own tests on two xdist workers (``./kvc test`` runs ``-n 2``): what must share a worker,
-and what starts first.
+"""kvconform's own tests on several xdist workers (``KVCONFORM_TEST_WORKERS=N ./kvc test``, or
+``-n N``): what must share a worker, and what starts first.
 
-The top level ran serially at ~1.4 of CI's two cores (docs/PERFORMANCE.md): most tests wait on a
-suite run they started. Two workers keep both cores busy, on three conditions met here:
+Measured on CI's two cores (2026-12-05, docs/PERFORMANCE.md) two workers were slower than one
+process: ``./kvc test`` runs one unless asked. On more cores the conditions below keep a run right:
 
 - a **group** is the unit a worker takes: a test module, or several modules that read one
   session-scoped fixture of tests/ (the built-in runs, the forked vLLM runs): a session fixture is
