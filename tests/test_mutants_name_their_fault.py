@@ -89,6 +89,8 @@ UNNAMED = {
     "connector_handshake_k_scale_only": "its failures are handshake verdicts, not bytes",
     "connector_handshake_layout_by_shape": "its failures are handshake verdicts, not bytes",
     "connector_handshake_slices_ignore_replication": "its failures are handshake plans, not bytes",
+    "connector_reshard_routes_heads_to_the_wrong_device": "its check runs only with --kvc-devices; its failures are told by consumer rank, "
+                                                          "device and head (harness/device_transfer.py)",
 }
 # Latent-cache faults are told in record coordinates by harness/latent.py (never-written, stray-write,
 # moved), not in the K/V diagnosis' fault classes.
