@@ -72,13 +72,14 @@ def test_a_block_size_class_runs_once_at_its_own_block_size(run):
 
 
 def test_a_backend_without_connector_ops_is_not_judged_on_kvconforms_connector_defaults(tmp_path):
-    """The descriptor and the interop row would otherwise pass on the defaults the contract
-    gives a backend that ships no blocks (its declared layout, the reference's wire)."""
+    """The descriptor, the interop row and the transfer between devices would otherwise pass on the
+    defaults the contract gives a backend that ships no blocks (its declared layout, the reference's wire)."""
     result = run_suite(tmp_path, "--backend", WRITE_ONLY, "-m", "connector")
     rows = result.records
     assert rows and {r["outcome"] for r in rows} == {"not-applicable"}, result.output
     assert {r["check"] for r in rows if "declares no connector op" in r["not_applicable"]["what"]} == {
-        "test_layout_descriptor_describes_the_allocated_cache", "test_blocks_shipped_to_every_peer_land_as_the_compat_plan_says"}
+        "test_layout_descriptor_describes_the_allocated_cache", "test_blocks_shipped_to_every_peer_land_as_the_compat_plan_says",
+        "test_resharding_between_devices_lands_every_consumers_heads"}
 
 
 @pytest.mark.filterwarnings("ignore:Using `reject` outside a property-based test")  # the wrapper is called here without Hypothesis
