@@ -34,7 +34,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from kvconform import reference as R
-from kvconform.conformance.harness.device_transfer import DeviceJob, free_port, report_lines, run_on_devices
+from kvconform.conformance.harness.device_transfer import DeviceJob, free_port, reap, report_lines, run_on_devices
 
 TOKENS, SEED = 37, 7
 FIRST_BLOCK = 2
@@ -191,11 +191,7 @@ def _run_processes(worker, world: int, args: tuple, timeout: float) -> tuple[dic
                 if not any(p.is_alive() for p in procs) and results.empty():
                     break
     finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        reap(procs, 5)
     return got, [p.exitcode for p in procs], time.perf_counter() - start
 
 

@@ -324,6 +324,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def reap(procs, grace: float) -> None:
+    """Join each process, killing one still alive after ``grace`` seconds."""
+    for p in procs:
+        p.join(timeout=grace)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
 def engine_for(devices) -> str:
     """NCCL between GPUs, gloo otherwise (the CPU stand-in)."""
     return "nccl" if all(str(d).startswith("cuda") for d in devices) else "gloo"
@@ -358,11 +367,7 @@ def run_on_devices(jobs, devices, engine: str | None = None, timeout: float = 30
                 raise DevicesFailed(f"device process {index} ({devices[index]}) raised:\n{out}")
             got[(index, number)] = out
     finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        reap(procs, 10)
     missing = [(i, n) for n in range(len(jobs)) for i in range(len(devices)) if (i, n) not in got]
     if missing:
         raise DevicesFailed(f"device processes gave no result for (process, job) {missing[:4]} within {timeout:.0f} s "
