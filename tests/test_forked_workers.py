@@ -102,6 +102,21 @@ def _state(pid: int) -> str:
         return "Z"
 
 
+def test_a_zygote_whose_starter_died_during_its_imports_ends(tmp_path):
+    """A backend aborting at import kills the controller while the zygote still imports torch; the
+    zygote must end then, not live on holding the run's stderr (`kvconform run` waited on it)."""
+    (tmp_path / "slow_to_import.py").write_text("import time\ntime.sleep(3)\n")
+    starter = ("import os; from kvconform.conformance.plugin import forked_workers as f; "
+               "z = f.Zygote(warm=['slow_to_import']); assert z.listening(); print(z.proc.pid, flush=True); os._exit(0)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", starter], env=env, capture_output=True, text=True, timeout=60)
+    zygote = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{zygote}") and "Z" not in _state(zygote) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{zygote}") or "Z" in _state(zygote)
+
+
 def test_a_silent_zygote_is_given_up_within_the_bound_and_ended(tmp_path, monkeypatch):
     stuck = tmp_path / "python"
     stuck.write_text("#!/bin/sh\nexec sleep 600\n")  # a zygote that never prints its line

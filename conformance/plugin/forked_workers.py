@@ -82,7 +82,7 @@ class Zygote:
         # An abstract socket (Linux): no file to clean up, no path-length limit.
         self.address = f"\0kvconform-zygote-{os.getpid()}-{os.urandom(6).hex()}"
         self.proc = subprocess.Popen([sys.executable, "-c", "import runpy, sys; del sys.argv[0]; runpy.run_path(sys.argv[0], run_name='__main__')",
-                                      __file__, "serve", self.address.encode().hex()], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                      __file__, "serve", self.address.encode().hex(), str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         try:  # on stdin: a list of a whole suite run's modules is longer than a command line may be
             self.proc.stdin.write(json.dumps(list(warm)).encode())
             self.proc.stdin.close()
@@ -137,9 +137,10 @@ def use(config, zygote: Zygote) -> int:
 
 
 # ----------------------------------------------------------------------------- the zygote
-def serve(address: str) -> None:
+def serve(address: str, starter: int) -> None:
     """Listen first (launchers queue until the imports are done), import the modules named on
-    stdin, then fork a child per request until the starter has ended and every child with it."""
+    stdin, then fork a child per request until the starter (pid ``starter``) has ended and every
+    child with it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the controller's to handle; it stops this process
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
@@ -158,7 +159,10 @@ def serve(address: str) -> None:
     own_env = import_time_env(os.environ)
     own_path = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
     base_path = [p for p in sys.path[1:] if os.path.abspath(p) not in own_path]  # after '' and PYTHONPATH
-    controller = os.getppid()
+    # The starter's pid comes from it, not from getppid() after the imports: a starter that died
+    # during them (a backend aborting at import) has left this process reparented by then, and
+    # a zygote comparing against its new parent would live on, holding the starter's stderr.
+    controller = starter
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     children: dict[int, socket.socket] = {}
@@ -349,6 +353,6 @@ if __name__ == "__main__":
     role, address, *rest = sys.argv[1:]
     address = bytes.fromhex(address).decode()
     if role == "serve":
-        serve(address)
+        serve(address, int(rest[0]))
     else:
         launch(address, rest)
