@@ -13,6 +13,7 @@ from ..reference_backend import ReferenceBackend, flat_storage
 
 class Mutant(ReferenceBackend):
     catches: tuple[str, ...] = ()  # check families that must fail
+    kills: tuple[str, ...] = ()  # checks that must fail, at least one of each family in catches (tests/mutant_focus.py)
     suite_args: tuple[str, ...] = ()  # pytest options the catching check needs (CPU runs)
 
 

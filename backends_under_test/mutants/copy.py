@@ -15,6 +15,7 @@ class CopyBlocksOnePlane(Mutant):
     """``copy_blocks`` that copies the K plane of each block and forgets V."""
 
     catches = ("copy",)
+    kills = ("test_copy_blocks_copies_both_planes_of_every_slot",)
 
     def __init__(self):
         super().__init__(layouts=(R.blocks_first("NHD"), R.blocks_first("HND")))
@@ -29,6 +30,7 @@ class CopyBlocksDensePlaneStride(Mutant):
     """Legacy ``copy_blocks`` on ``unbind(1)`` views: block ``b`` at ``b·N·H·D`` of each plane (F.10)."""
 
     catches = ("copy",)
+    kills = ("test_copy_blocks_of_the_last_blocks_of_a_cache_past_2_31_elements",)
 
     def __init__(self):
         super().__init__(layouts=(R.blocks_first("NHD"), R.blocks_first("HND")))
@@ -45,6 +47,7 @@ class CopyBlocks16BitIds(Mutant):
     """Narrows the block mapping to 16-bit ids: block ``b`` past 2^16 is block ``b mod 2^16`` (ADDR-BLOCK-ID)."""
 
     catches = ("copy",)
+    kills = ("test_copy_blocks_of_the_last_blocks_of_a_cache_past_2_31_elements",)
 
     def copy_blocks(self, cache, block_mapping, spec):
         super().copy_blocks(cache, block_mapping & 0xFFFF, spec)
@@ -56,6 +59,7 @@ class BlockCopiesFirstLayerOnly(Mutant):
     every layer had its own tensor (BLOCK-ALL-LAYERS)."""
 
     catches = ("swap", "copy")
+    kills = ("test_swap_out_moves_every_layer_of_a_block", "test_copy_blocks_copies_every_layer_of_a_block")
 
     def __init__(self):
         super().__init__(layouts=e3_layouts(), standards=frozenset({"e3"}))

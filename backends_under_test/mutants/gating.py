@@ -15,6 +15,7 @@ class KvFirstClaimsConnector(Mutant):
     """ROCM_ATTN-style kv-first cache that still says ``supports_kv_connector() = True`` (F.17)."""
 
     catches = ("gating",)
+    kills = ("test_connector_support_matches_the_layouts",)
 
     def __init__(self):
         super().__init__(layouts=(R.kv_first("NHD"),), standards=frozenset())
@@ -29,6 +30,7 @@ class SelectorIgnoresConnector(Mutant):
     priority list still offers it when a connector is configured (GATE-SELECTOR, F.1)."""
 
     catches = ("gating",)
+    kills = ("test_selector_offers_a_connector_configuration_only_backends_that_support_one",)
 
     def __init__(self):
         super().__init__(layouts=(R.kv_first("NHD"),), standards=frozenset())
@@ -44,6 +46,7 @@ class ValidateDropsConnectorFlag(Mutant):
     configuration validates clean (GATE-REJECT; ROCM_AITER_MLA must forward it)."""
 
     catches = ("gating",)
+    kills = ("test_connector_configuration_is_rejected_iff_unsupported",)
 
     def __init__(self):
         super().__init__(layouts=(R.kv_first("NHD"),), standards=frozenset())
@@ -58,6 +61,7 @@ class ValidateRejectsDeclaredHeadSize(Mutant):
     declared head size is rejected, so selection skips a backend that supports it."""
 
     catches = ("gating",)
+    kills = ("test_supported_configuration_has_no_other_reasons",)
 
     def validate_configuration(self, *, head_size, **kwargs):
         reasons = super().validate_configuration(head_size=head_size, **kwargs)
@@ -71,6 +75,7 @@ class BlocksFirstDeniesConnector(Mutant):
     """A blocks-first backend that declares no connector support: selection loses it for nothing."""
 
     catches = ("gating",)
+    kills = ("test_connector_support_matches_the_layouts",)
 
     def supports_kv_connector(self):
         return False

@@ -24,7 +24,7 @@ from . import mutant
 
 class LatentMutant(ReferenceMLA):
     catches: tuple[str, ...] = ()  # check families that must fail
-    kills: tuple[str, ...] = ()  # checks that must fail (tests/test_mutants_are_caught.py)
+    kills: tuple[str, ...] = ()  # checks that must fail, at least one of each family in catches (tests/mutant_focus.py)
     suite_args: tuple[str, ...] = ()
     kinds: tuple[str, ...] = LATENT_KINDS  # the record kinds it declares: those its fault is in (fewer cases to run)
 

@@ -16,6 +16,7 @@ class KvFirstReportedAsBlocksFirst(Mutant):
     shape says blocks-first, the strides (and every stride-driven kernel) say kv-first."""
 
     catches = ("shape", "write", "split")
+    kills = ("test_blocks_are_outermost_and_each_block_is_one_region", "test_last_block_of_a_cache_past_2_31_elements_is_written", "test_split_views_have_the_layout_strides")
 
     def allocate(self, buffer, spec):
         g = spec.geometry
@@ -34,6 +35,7 @@ class KvFirstShapeDeclaredBlocksFirst(Mutant):
     """Declares the blocks-first standard but hands out its kv-first ``(2, B, N, H, D)`` tensor."""
 
     catches = ("shape",)
+    kills = ("test_cache_has_the_standard_logical_shape",)
 
     def allocate(self, buffer, spec):
         g = spec.geometry
@@ -46,6 +48,7 @@ class CrossLayerPackedLayerOutermost(Mutant):
     the LBHNC planner branch): a one-layer cache is right; layer 1 sits where block 1 belongs."""
 
     catches = ("shape",)
+    kills = ("test_every_layer_and_block_sits_where_the_permutation_puts_it",)
     suite_args = ("--standard", "e3", "-k", "permutation_puts")
 
     def __init__(self):

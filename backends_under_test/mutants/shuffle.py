@@ -17,6 +17,7 @@ class ShuffleVInKForm(Mutant):
     """Writes V with K's ``[H, D/x, N, x]`` tile instead of ``[H, N/x, D, x]``."""
 
     catches = ("shuffle", "write")
+    kills = ("test_v_is_written_in_the_v_tile_not_the_k_tile", "test_key_rows_beyond_slot_mapping_are_ignored")
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
         layout = spec.layout
@@ -30,6 +31,7 @@ class ShuffleXFromModelDtype(Mutant):
     """Computes ``x = 16 // element_size`` of the *model* dtype (8 for bf16) on an fp8 cache (F.7)."""
 
     catches = ("shuffle",)
+    kills = ("test_fp8_tiles_use_x_from_the_cache_dtype",)
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
         g = spec.geometry
@@ -46,6 +48,7 @@ class ShuffleDenseBlockStride(Mutant):
     pointer (dense planes) instead of ``stride(0) = 2·H·D·N``."""
 
     catches = ("shuffle", "write")
+    kills = ("test_shuffled_tiles_stay_inside_their_block_and_side", "test_last_block_of_a_cache_past_2_31_elements_is_written")
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
         layout, g = spec.layout, spec.geometry

@@ -14,6 +14,7 @@ class SplitCopies(Mutant):
     """``unbind(1)`` followed by ``.contiguous()``: K/V are copies, writes through them vanish (F.6)."""
 
     catches = ("split",)
+    kills = ("test_split_views_share_the_cache_storage",)
 
     def split(self, cache, spec):
         return tuple(view.contiguous() for view in super().split(cache, spec))
@@ -24,6 +25,7 @@ class SplitOnBlockDim(Mutant):
     """``unbind(0)`` on a blocks-first cache: "K" and "V" are blocks 0 and 1 (F.18)."""
 
     catches = ("split",)
+    kills = ("test_split_views_have_the_layout_strides",)
 
     def split(self, cache, spec):
         return cache[0], cache[1]
@@ -35,6 +37,7 @@ class SplitVOffsetForTwoByteElements(Mutant):
     wrong for fp8 and fp32 caches (SPLIT-ZERO-COPY, SPLIT-E1-BLOCK-STRIDE)."""
 
     catches = ("split",)
+    kills = ("test_writes_through_split_views_reach_the_cache",)
 
     def __init__(self):
         super().__init__(layouts=(R.blocks_first("NHD"), R.blocks_first("HND")))

@@ -17,6 +17,7 @@ class SwapIndexesDim1(Mutant):
     """``dst[:, dst_ids] = src[:, src_ids]``: the kv-first indexing applied to a blocks-first cache (#41056)."""
 
     catches = ("swap",)
+    kills = ("test_swap_of_blocks_0_and_1_moves_blocks_not_planes",)
 
     def swap_out(self, cache, host_cache, src_ids, dst_ids, spec):
         host_cache[:, dst_ids.to(host_cache.device)] = cache[:, src_ids.to(cache.device)].to(host_cache.device)
@@ -31,6 +32,7 @@ class SwapDim0OnKvFirst(Mutant):
     raise, ids 0/1 silently copy whole K or V planes (F.1)."""
 
     catches = ("swap",)
+    kills = ("test_swap_of_blocks_0_and_1_moves_blocks_not_planes",)
 
     def __init__(self):
         super().__init__(layouts=(R.kv_first("NHD"),), standards=frozenset())
@@ -48,6 +50,7 @@ class SwapKViewBlockBytes(Mutant):
     ``[V_b, K_{b+1}]`` and overwrites the neighbour block's K (F.9)."""
 
     catches = ("swap",)
+    kills = ("test_swap_out_places_each_block_at_its_host_slot",)
 
     def __init__(self):
         super().__init__(layouts=(R.blocks_first("NHD"), R.blocks_first("HND")))
@@ -74,6 +77,7 @@ class SwapOnlyBelowTwo(Mutant):
     """A swap that indexes with ``ids & 1`` (written and tested with blocks 0 and 1 only)."""
 
     catches = ("swap",)
+    kills = ("test_swap_in_restores_blocks_into_other_device_blocks",)
 
     def swap_out(self, cache, host_cache, src_ids, dst_ids, spec):
         super().swap_out(cache, host_cache, src_ids & 1, dst_ids & 1, spec)
@@ -116,6 +120,7 @@ class SwapBlockBytesForTwoByteElements(BlocksFirstByteCopy):
     cache copies two blocks (overwriting the neighbour), an fp32 cache half of one."""
 
     catches = ("swap",)
+    kills = ("test_swap_out_places_each_block_at_its_host_slot",)
 
     def block_bytes(self, spec):
         return spec.layout.strides(spec.geometry)["B"] * 2
@@ -127,6 +132,7 @@ class SwapByteOffsetsInt32(BlocksFirstByteCopy):
     (here: loses bit 31) and the swap reads and writes blocks near the start (ADDR-64BIT)."""
 
     catches = ("swap",)
+    kills = ("test_swap_of_the_last_blocks_of_a_cache_past_2_31_elements",)
 
     def block_offset(self, block, page):
         return (block * page) & 0x7FFFFFFF
@@ -138,6 +144,7 @@ class Swap16BitIds(Mutant):
     block ``b mod 2^16`` on both sides of the copy (ADDR-BLOCK-ID)."""
 
     catches = ("swap",)
+    kills = ("test_swap_of_the_last_blocks_of_a_cache_past_2_31_elements",)
 
     def swap_out(self, cache, host_cache, src_ids, dst_ids, spec):
         super().swap_out(cache, host_cache, src_ids & 0xFFFF, dst_ids & 0xFFFF, spec)

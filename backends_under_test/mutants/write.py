@@ -20,6 +20,7 @@ class WritesPaddingSlots(Mutant):
     """Python-style negative indexing: slot -1 writes the cache's last slot instead of nothing."""
 
     catches = ("write",)
+    kills = ("test_padding_slots_leave_cache_untouched",)
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
         super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
@@ -36,6 +37,7 @@ class DenseBlockStride(Mutant):
     ``stride(0) = 2·N·H·D``: the pre-#43660 assumption on an ``unbind(1)`` view."""
 
     catches = ("write",)
+    kills = ("test_last_block_of_a_cache_past_2_31_elements_is_written",)
 
     def __init__(self):
         super().__init__(layouts=(R.blocks_first("NHD"), R.blocks_first("HND")))
@@ -51,6 +53,7 @@ class HeadStrideIgnored(Mutant):
     """Takes the head stride as ``D`` (NHD) whatever the cache says: HND caches are scrambled."""
 
     catches = ("write",)
+    kills = ("test_key_value_rows_are_read_through_their_row_stride",)
 
     def __init__(self):
         super().__init__(layouts=(R.blocks_first("NHD"), R.blocks_first("HND")))
@@ -65,6 +68,7 @@ class BlockSizeFromWrongDim(Mutant):
     """Reads ``block_size`` from ``key_cache.shape[2]`` (H) instead of ``shape[1]`` (N)."""
 
     catches = ("write",)
+    kills = ("test_last_block_of_a_cache_past_2_31_elements_is_written",)
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
         wrong_n = spec.geometry.num_kv_heads  # shape[2] of (B, N, H, D), taken as N
@@ -77,6 +81,7 @@ class TokensFromKeyRows(Mutant):
     of bounds (here: wrapping) and overwrite real tokens."""
 
     catches = ("write",)
+    kills = ("test_key_rows_beyond_slot_mapping_are_ignored",)
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
         super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
@@ -94,6 +99,7 @@ class KScaleForVOnWrite(Mutant):
     """Quantises V with ``k_scale``."""
 
     catches = ("write",)
+    kills = ("test_fp8_codes_equal_the_reference_encoder_for_edge_values",)
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
         super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=k_scale)
@@ -104,6 +110,7 @@ class OneByteFlipped(Mutant):
     """A write that is right except for one flipped bit in one written element."""
 
     catches = ("write", "equivalence")
+    kills = ("test_last_block_of_a_cache_past_2_31_elements_is_written", "test_canonical_bytes_equal_the_committed_reference_digests")
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
         super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
@@ -120,6 +127,7 @@ class Int32OffsetWraparound(Mutant):
     and the last blocks of a large cache are written over its first ones (F.2)."""
 
     catches = ("write",)
+    kills = ("test_last_block_of_a_cache_past_2_31_elements_is_written",)
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
         g = spec.geometry
@@ -133,6 +141,7 @@ class ScribblesPastTheEnd(Mutant):
     """A correct write that also stores one element past the end of the cache."""
 
     catches = ("write",)
+    kills = ("test_key_rows_beyond_slot_mapping_are_ignored",)
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
         super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
@@ -166,6 +175,7 @@ class BlockIndexByShift(Mutant):
     is a power of two (WRITE-SLOT with N = 48)."""
 
     catches = ("write",)
+    kills = ("test_each_declared_size_class_is_written_at_reference_offsets",)
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
         g = spec.geometry
@@ -182,6 +192,7 @@ class HeadStridePowerOfTwo(Mutant):
     power-of-two head sizes (WRITE-SOURCE-STRIDE with D = 80)."""
 
     catches = ("write",)
+    kills = ("test_each_declared_size_class_is_written_at_reference_offsets",)
 
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
         g = spec.geometry
@@ -200,6 +211,7 @@ class WriteIgnoresLayer(Mutant):
     """A per-layer writer handed layer ``l`` of a multi-layer allocation writes layer 0 (WRITE-LAYER)."""
 
     catches = ("write",)
+    kills = ("test_each_declared_size_class_is_written_at_reference_offsets",)
 
     def __init__(self):
         super().__init__(layouts=e3_layouts(), standards=frozenset({"e3"}))
