@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from kvconform import reference as R
-from kvconform.conformance.harness.device_transfer import DeviceJob, run_on_devices
+from kvconform.conformance.harness.device_transfer import DeviceJob, engine_for, run_on_devices
 from kvconform.conformance.harness.placement import CannotPlace, place
+from kvconform.conformance.plugin import certify
 from kvconform.conformance.plugin.options import OptionError, check_device, device_list
 
 WRONG_DEVICE = "mutant:connector_reshard_routes_heads_to_the_wrong_device"
@@ -40,6 +41,22 @@ def test_four_devices_split_in_halves_round_robin():
 def test_one_device_cannot_hold_producers_and_consumers_apart(devices):
     with pytest.raises(CannotPlace, match="needs two devices"):
         place(1, 2, devices)
+
+
+def test_nccl_carries_bytes_between_distinct_gpus_and_gloo_through_host_memory_otherwise():
+    assert engine_for(["cuda:0", "cuda:1"]) == "nccl"
+    assert engine_for(["cuda:0", "cuda:0"]) == "gloo"  # NCCL refuses two ranks on one GPU
+    assert engine_for(["cpu", "cpu"]) == engine_for(["cuda:0", "cpu"]) == "gloo"
+
+
+@pytest.mark.parametrize("device, gpus, pinned", [("cpu", 0, ("cpu", "cpu")), ("cuda", 1, ("cuda:0", "cuda:0")),
+                                                   ("cuda:0", 1, ("cuda:0", "cuda:0")), ("cuda", 2, ())])
+def test_a_certified_run_on_one_device_shows_the_transfer_between_two_processes_on_it(device, gpus, pinned, monkeypatch):
+    """A certified run must not find the check "not applicable" for want of a second GPU (it would
+    refuse every one-GPU machine); with several GPUs the run takes them all (session.start)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    assert certify._one_device_twice(device) == pinned
 
 
 def test_kvc_devices_is_a_comma_list_and_a_bad_entry_is_an_error_naming_the_option():

@@ -220,7 +220,8 @@ def _connector_ops(ctx, _):
 
 def _two_devices(ctx, _):
     why = placement.refusal(ctx.devices)
-    return f"{why}; give --kvc-devices cpu,cpu for the CPU stand-in, or two GPUs (--kvc-devices cuda:0,cuda:1)" if why else None
+    return (f"{why}; give --kvc-devices cpu,cpu for the CPU stand-in, cuda:0,cuda:0 for two processes on one GPU (through host memory), "
+            "or two GPUs (--kvc-devices cuda:0,cuda:1)") if why else None
 
 
 def _this_run(_ctx) -> str:

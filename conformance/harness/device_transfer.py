@@ -1,9 +1,10 @@
 """TP resharding between devices (issue #41): one process per device, bytes over torch.distributed.
 
 A :class:`DeviceJob` is one resharding of a model's KV from P producer ranks to C consumer ranks of
-one backend. :func:`run_on_devices` starts one process per device of a :mod:`placement` (gloo on CPU
-— ``cpu,cpu`` is the stand-in for two GPUs —, NCCL on GPUs), which hosts every logical rank placed
-there, and runs the jobs in order in the same processes:
+one backend. :func:`run_on_devices` starts one process per device of a :mod:`placement` (NCCL between
+distinct GPUs; gloo otherwise, its wire staged through host memory: ``cpu,cpu`` is the stand-in for
+two GPUs, ``cuda:0,cuda:0`` two processes on a machine's one GPU), which hosts every logical rank
+placed there, and runs the jobs in order in the same processes:
 
 1. every logical rank allocates its shard (guarded arenas, harness.connector) on its process's
    device; producers write their heads of the model's KV into their blocks;
@@ -90,6 +91,7 @@ class ConsumerReport:
 class JobReport:
     job: DeviceJob
     placement: str
+    engine: str  # nccl, or gloo (the wire through host memory)
     consumers: tuple[ConsumerReport, ...]
     seconds: float  # the transfer, first send to last receive, the slowest device process
 
@@ -115,16 +117,17 @@ def _layout(backend, name: str) -> R.Layout:
     return next(lay for lay in backend.capabilities.layouts if f"{lay.era}:{lay.alias}" == name)
 
 
-def _send_tensor(t: torch.Tensor, dst: int, device: str) -> None:
-    dist.send(torch.tensor([t.numel()], dtype=torch.int64, device=device), dst=dst)
+def _send_tensor(t: torch.Tensor, dst: int, wire: str) -> None:
+    """``wire``: where the communicator takes its tensors (the GPU for NCCL, host memory for gloo)."""
+    dist.send(torch.tensor([t.numel()], dtype=torch.int64, device=wire), dst=dst)
     if t.numel():
-        dist.send(t.to(device).contiguous(), dst=dst)
+        dist.send(t.to(wire).contiguous(), dst=dst)
 
 
-def _recv_tensor(src: int, device: str) -> torch.Tensor:
-    size = torch.zeros(1, dtype=torch.int64, device=device)
+def _recv_tensor(src: int, wire: str) -> torch.Tensor:
+    size = torch.zeros(1, dtype=torch.int64, device=wire)
     dist.recv(size, src=src)
-    out = torch.zeros(int(size), dtype=torch.uint8, device=device)
+    out = torch.zeros(int(size), dtype=torch.uint8, device=wire)
     if out.numel():
         dist.recv(out, src=src)
     return out
@@ -250,7 +253,7 @@ def _land(ranks: _Ranks, step: _Step, payload: torch.Tensor) -> None:
         R.connector.import_blocks(arena.region, arena.spec.layout, arena.spec.geometry, blocks, wire, s.consumer_heads)
 
 
-def _transfer(job: DeviceJob, placement: Placement, index: int) -> dict:
+def _transfer(job: DeviceJob, placement: Placement, index: int, wire: str) -> dict:
     """This device process's side of one job: its ranks' shards, the handshake, the sends and
     receives (timed: the region indices are computed before, at handshake), the comparison."""
     ranks = _Ranks(job, placement, index)
@@ -266,9 +269,9 @@ def _transfer(job: DeviceJob, placement: Placement, index: int) -> dict:
     start = time.perf_counter()
     for number, step in enumerate(steps):
         if placement.producers[step.piece.producer_rank] == index:
-            _send_tensor(_payload(ranks, step), placement.consumers[step.consumer], ranks.device)
+            _send_tensor(_payload(ranks, step), placement.consumers[step.consumer], wire)
         elif step.consumer in received:
-            payload = _recv_tensor(placement.producers[step.piece.producer_rank], ranks.device)
+            payload = _recv_tensor(placement.producers[step.piece.producer_rank], wire).to(ranks.device)
             received[step.consumer] += payload.numel()
             modes[step.consumer].add(step.plan.mode)
             try:
@@ -308,7 +311,7 @@ def _device_process(index: int, devices: tuple[str, ...], engine: str, jobs: tup
             torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool (it can hang)
         dist.init_process_group(engine, init_method=f"tcp://127.0.0.1:{port}", rank=index, world_size=len(devices), timeout=timedelta(seconds=120))
         for number, job in enumerate(jobs):
-            results.put((index, number, _transfer(job, place(job.producer_tp, job.consumer_tp, devices), index)))
+            results.put((index, number, _transfer(job, place(job.producer_tp, job.consumer_tp, devices), index, device if engine == "nccl" else "cpu")))
         dist.barrier()
     except Exception:  # noqa: BLE001 - reported to the parent, which fails the run
         results.put((index, None, traceback.format_exc()[-2000:]))
@@ -334,8 +337,10 @@ def reap(procs, grace: float) -> None:
 
 
 def engine_for(devices) -> str:
-    """NCCL between GPUs, gloo otherwise (the CPU stand-in)."""
-    return "nccl" if all(str(d).startswith("cuda") for d in devices) else "gloo"
+    """NCCL between distinct GPUs; gloo otherwise: the CPU stand-in, and one GPU listed twice (NCCL
+    refuses two ranks on one GPU; the wire is staged through host memory instead)."""
+    distinct_gpus = all(str(d).startswith("cuda") for d in devices) and len({torch.device(d) for d in devices}) == len(devices)
+    return "nccl" if distinct_gpus else "gloo"
 
 
 def run_on_devices(jobs, devices, engine: str | None = None, timeout: float = 300.0) -> list[JobReport]:
@@ -345,7 +350,7 @@ def run_on_devices(jobs, devices, engine: str | None = None, timeout: float = 30
     placements = [place(job.producer_tp, job.consumer_tp, devices) for job in jobs]  # CannotPlace before any process starts
     # Fork where no GPU is in use (the CPU stand-in: ~0.1 s a process instead of a fresh Python
     # importing torch, 4-8 s on a loaded 2-core machine); CUDA and NCCL need fresh processes.
-    forkable = engine_for(devices) == "gloo" and not torch.cuda.is_initialized()
+    forkable = all(str(d).startswith("cpu") for d in devices) and not torch.cuda.is_initialized()
     ctx = mp.get_context("fork" if forkable else "spawn")
     results = ctx.Queue()
     port = free_port()
@@ -375,7 +380,7 @@ def run_on_devices(jobs, devices, engine: str | None = None, timeout: float = 30
     reports = []
     for number, (job, placement) in enumerate(zip(jobs, placements)):
         consumers = {c: r for i in range(len(devices)) for c, r in got[(i, number)]["consumers"].items()}
-        reports.append(JobReport(job, placement.describe(), tuple(consumers[c] for c in range(job.consumer_tp)),
+        reports.append(JobReport(job, placement.describe(), engine or engine_for(devices), tuple(consumers[c] for c in range(job.consumer_tp)),
                                  max(got[(i, number)]["seconds"] for i in range(len(devices)))))
     return reports
 
@@ -397,7 +402,8 @@ def declared_model_heads(backend, producer_tp: int, consumer_tp: int) -> int | N
 
 def report_lines(report: JobReport) -> list[str]:
     """One line per consumer rank: device, heads, bytes, seconds; then the transfer's bytes/s."""
-    lines = [f"{report.job.name} on {report.placement}:"]
+    staged = "" if report.engine == "nccl" else ", staged through host memory"
+    lines = [f"{report.job.name} on {report.placement} ({report.engine}{staged}):"]
     lines += [f"  consumer rank {c.rank} on {c.device}: model heads {c.heads[0]}..{c.heads[1] - 1}, {c.bytes_received} B received "
               f"({'/'.join(c.modes) or 'nothing'}) in {c.seconds:.4f} s: {'bit for bit' if c.ok else 'WRONG'}" for c in report.consumers]
     lines.append(f"  {report.bytes_moved} B in {report.seconds:.4f} s: {report.bytes_per_second / 1e6:.1f} MB/s")

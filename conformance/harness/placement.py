@@ -3,8 +3,10 @@
 Producers take the first half of the devices, consumers the second, round-robin inside each half.
 ONE PROCESS PER DEVICE hosts every logical rank placed there: the communicator's ranks are the
 device processes, not the TP ranks, so NCCL's one-rank-per-GPU rule holds and TP 2→4 runs on two
-GPUs. On one device producers and consumers would share it: a transfer between devices cannot be
-shown there (:class:`CannotPlace`; applicability.py says "not applicable", never a pass).
+GPUs. A list of one device would put producers and consumers in one process: no transfer is
+shown there (:class:`CannotPlace`; applicability.py says "not applicable", never a pass). A device
+listed twice (``cpu,cpu``; ``cuda:0,cuda:0`` on a one-GPU machine) is two processes on it, the bytes
+crossing between them through host memory (device_transfer.engine_for).
 """
 
 from __future__ import annotations

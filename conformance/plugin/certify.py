@@ -23,6 +23,7 @@ import shlex
 import sys
 
 import pytest
+import torch
 
 from kvconform.reports import submission
 
@@ -47,10 +48,21 @@ def pinned(config, opts: options.RunOptions) -> options.RunOptions:
         refused.append(f"{' '.join(outside)} (a certified run collects the whole {collection.SUITE}, nothing more or less)")
     if refused:
         raise options.OptionError("--kvc-certify refuses " + "; ".join(refused))  # a usage error (exit 4), made in hooks.pytest_configure
-    # A CPU run shows the transfer between devices on the CPU stand-in (CONN-RESHARD-DEVICES): not
-    # applicable for want of a second device would refuse certification of every CPU backend.
-    devices = opts.devices or (("cpu", "cpu") if opts.device == "cpu" else ())
+    # CONN-RESHARD-DEVICES needs two device processes: "not applicable" for want of a second device
+    # would refuse certification of every CPU backend and every one-GPU machine. Those run it on
+    # their one device listed twice (two processes, the wire through host memory); a machine with
+    # several GPUs takes them all (session.start), over NCCL.
+    devices = opts.devices or _one_device_twice(opts.device)
     return dataclasses.replace(opts, profile=submission.PROFILE, seed=submission.SEED, devices=devices)
+
+
+def _one_device_twice(device: str) -> tuple[str, ...]:
+    if device == "cpu":
+        return ("cpu", "cpu")
+    if device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.device_count() == 1:
+        gpu = str(torch.device(device if ":" in device else "cuda:0"))
+        return (gpu, gpu)
+    return ()
 
 
 def _given(config, name: str) -> bool:
