@@ -43,6 +43,13 @@ def test_checks_run_longest_first_in_the_same_order_on_every_worker():
     assert set(first[1:3]) == {"swap_probe", "write_property"}  # which first depends on the Hypothesis example budget
 
 
+def test_a_transfer_between_devices_is_scheduled_before_the_probes():
+    """Its device processes start per case (spawned on GPUs): left to the connector family's
+    0.25 s it came last and held the run's end (issue #41)."""
+    items = [Item("probe", "swap", ["memory_2_31"]), Item("between_devices", "connector", ["connector_ops", "two_devices"])]
+    assert ordered(items, worker()) == ["between_devices", "probe"]
+
+
 def test_durations_of_the_previous_run_come_before_estimates():
     items = [Item("probe", "swap", ["memory_2_31"]), Item("slow_shape", "shape")]
     assert ordered(items, worker({"conformance/test_shape.py::slow_shape": 9.0})) == ["slow_shape", "probe"]

@@ -39,6 +39,9 @@ DURATIONS = "kvconform_durations"  # workerinput key: {test id: seconds} of the 
 PROBE_SECONDS = {"swap": 0.5, "copy": 0.3, "write": 0.1, "read": 0.1}  # past 2^31 elements; twice on kv-first layouts
 SECONDS_PER_EXAMPLE = {"read": 0.05, "write": 0.05, "connector": 0.02, "copy": 0.015}
 FAMILY_SECONDS = {"connector": 0.25}
+# A transfer between devices starts its device processes per case: forked on CPU (~1.2 s a case
+# measured on two cores), spawned for GPUs, each importing torch and opening CUDA and NCCL.
+TRANSFER_SECONDS = 3.0
 DEFAULT_SECONDS = 0.02
 
 
@@ -48,6 +51,8 @@ def estimate(item) -> float:
     planned = item.stash.get(collection.PLANNED, None)
     if planned is None:
         return DEFAULT_SECONDS
+    if "two_devices" in planned.needs:
+        return TRANSFER_SECONDS
     if "memory_2_31" in planned.needs:
         kv_first = planned.layout is not None and planned.layout.k_dims[0] == "2"
         return PROBE_SECONDS.get(planned.family, 0.3) * (2 if kv_first else 1)
