@@ -1,9 +1,9 @@
 """A pytest plugin for kvconform's own mutant runs (``-p tests.mutant_focus``): each seeded
 fault runs only the checks it names in ``Mutant.kills`` — at least one of each family in its
-``catches`` — the only ones test_mutants_are_caught asserts on. Running each mutant over whole
-families cost ten times the test time (8 335 mutant tests, of which 3 093 passed, for 809 that
-make the same proof; docs/PERFORMANCE.md). Correct backends still run every check. Deselected
-tests are announced through ``pytest_deselected``, so the run's results say it was filtered."""
+``catches`` — the only ones test_mutants_are_caught asserts on. Over whole families the run
+took 8 335 mutant tests (3 093 of them passing) and 562 s on two cores; on the named checks 891,
+and 150 s with the reference's 470 (docs/PERFORMANCE.md). Correct backends still run every check.
+Deselected tests are announced through ``pytest_deselected``, so the run's results say it was filtered."""
 
 import pytest
 

@@ -347,6 +347,7 @@ def run_on_devices(jobs, devices, engine: str | None = None, timeout: float = 30
     """Run the jobs in one process per device (started once, reused for every job); always reaps them.
     Raises :class:`DevicesFailed` when a device process raised or did not answer in time."""
     jobs, devices = tuple(jobs), tuple(devices)
+    engine = engine or engine_for(devices)
     placements = [place(job.producer_tp, job.consumer_tp, devices) for job in jobs]  # CannotPlace before any process starts
     # Fork where no GPU is in use (the CPU stand-in: ~0.1 s a process instead of a fresh Python
     # importing torch, 4-8 s on a loaded 2-core machine); CUDA and NCCL need fresh processes.
@@ -354,7 +355,7 @@ def run_on_devices(jobs, devices, engine: str | None = None, timeout: float = 30
     ctx = mp.get_context("fork" if forkable else "spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_device_process, args=(i, devices, engine or engine_for(devices), jobs, port, results), daemon=True)
+    procs = [ctx.Process(target=_device_process, args=(i, devices, engine, jobs, port, results), daemon=True)
              for i in range(len(devices))]
     for p in procs:
         p.start()
@@ -380,7 +381,7 @@ def run_on_devices(jobs, devices, engine: str | None = None, timeout: float = 30
     reports = []
     for number, (job, placement) in enumerate(zip(jobs, placements)):
         consumers = {c: r for i in range(len(devices)) for c, r in got[(i, number)]["consumers"].items()}
-        reports.append(JobReport(job, placement.describe(), engine or engine_for(devices), tuple(consumers[c] for c in range(job.consumer_tp)),
+        reports.append(JobReport(job, placement.describe(), engine, tuple(consumers[c] for c in range(job.consumer_tp)),
                                  max(got[(i, number)]["seconds"] for i in range(len(devices)))))
     return reports
 

@@ -159,14 +159,13 @@ def serve(address: str, starter: int) -> None:
     own_env = import_time_env(os.environ)
     own_path = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
     base_path = [p for p in sys.path[1:] if os.path.abspath(p) not in own_path]  # after '' and PYTHONPATH
-    # The starter's pid comes from it, not from getppid() after the imports: a starter that died
-    # during them (a backend aborting at import) has left this process reparented by then, and
-    # a zygote comparing against its new parent would live on, holding the starter's stderr.
-    controller = starter
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     children: dict[int, socket.socket] = {}
-    while os.getppid() == controller or children:
+    # The starter's pid comes from it, not from getppid() after the imports: a starter that died
+    # during them (a backend aborting at import) has left this process reparented by then, and
+    # a zygote comparing against its new parent would live on, holding the starter's stderr.
+    while os.getppid() == starter or children:
         for key, _ in selector.select(timeout=0.1):
             if key.fileobj is listener:
                 conn, _ = listener.accept()
