@@ -3,13 +3,14 @@
 everything else the run wrote to stderr still does."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
 from kvconform.conformance.plugin.collection import suite_command
 
-from .suite_runs import ROOT
+from .suite_runs import ROOT, run_suite
 
 LEAK = "nanobind: leaked"
 # A plugin of the run's own that writes to stderr as pytest ends: it must stay visible.
@@ -50,3 +51,13 @@ def test_a_suite_run_on_a_triton_backend_ends_with_its_verdict_and_keeps_other_s
     assert "written to stderr as pytest ends" in proc.stderr
     assert LEAK not in proc.stderr, proc.stderr[-3000:]
     assert "kvconform verdict: " in proc.stdout
+
+
+def test_a_failing_run_prints_its_verdict_after_pytests_short_summary_and_before_only_its_count(tmp_path):
+    result = run_suite(tmp_path, "--kvc-backend", "mutant:write_padding_slots", "-m", "write", "-k", "padding_slots_leave")
+    out = result.proc.stdout
+    assert result.returncode == 1 and "short test summary info" in out, result.output
+    after_pytests_summary = out[out.index("short test summary info"):]
+    assert "kvconform verdict: " in after_pytests_summary, after_pytests_summary[-3000:]
+    last_section = after_pytests_summary[after_pytests_summary.index("kvconform verdict: "):]
+    assert "FAILED " not in last_section and re.fullmatch(r"=+ 3 failed, .* in [0-9.]+s =+", last_section.rstrip().splitlines()[-1]), last_section

@@ -149,7 +149,14 @@ class Certifier:
                                                 must_pass=collection.must_pass(), command=command, digests_header=header(),
                                                 canary=canary_digests)
 
+    @pytest.hookimpl(wrapper=True, tryfirst=True)  # registered after the recorder: outside it, so this prints last
     def pytest_terminal_summary(self, terminalreporter):
+        try:
+            return (yield)
+        finally:
+            self._print_summary(terminalreporter)
+
+    def _print_summary(self, terminalreporter) -> None:
         terminalreporter.write_sep("=", "kvconform certification")
         if self.checksum:
             terminalreporter.write_line(f"kvconform: CERTIFIED; bundle {os.path.abspath(self.run.options.certify)} (sha256 of SHA256SUMS {self.checksum})", green=True)

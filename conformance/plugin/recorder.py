@@ -323,7 +323,7 @@ class ResultRecorder:
             write_atomically(xml_path, from_document(self.document()))
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            self.pytest_terminal_summary(reporter)
+            self._print_summary(reporter)
         if self.lock is not None:
             self.lock.release()
 
@@ -451,7 +451,16 @@ class ResultRecorder:
         if session.exitstatus == pytest.ExitCode.TESTS_FAILED:  # pytest counted them failed; the baseline now lists them
             session.exitstatus = pytest.ExitCode.OK
 
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_terminal_summary(self, terminalreporter):
+        # The outermost wrapper: pytest's own summary (its failures and "short test summary info")
+        # prints inside, so the verdict comes after it, followed only by pytest's count line.
+        try:
+            return (yield)
+        finally:
+            self._print_summary(terminalreporter)
+
+    def _print_summary(self, terminalreporter) -> None:
         if self.written is None:
             return
         from kvconform.reports.terminal import printable, render  # here: ~60 ms a run that writes nothing skips
