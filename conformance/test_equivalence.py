@@ -42,7 +42,7 @@ def first_canonical_difference(spec, golden_case, ours: torch.Tensor, theirs: to
     at = int((ours != theirs).nonzero()[0]) // e
     per_block = 2 * g.block_size * g.num_kv_heads * g.head_size
     block = written_blocks(golden_case)[at // per_block]
-    kv, n, h, d = torch.unravel_index(torch.tensor(at % per_block), (2, g.block_size, g.num_kv_heads, g.head_size))
+    kv, n, h, d = R.unravel(at % per_block, (2, g.block_size, g.num_kv_heads, g.head_size))
     return describe({"layer": 0, "block": block, "kv": int(kv), "slot": int(n), "head": int(h), "dim": int(d)})
 
 

@@ -39,6 +39,7 @@ from .offsets import (
     logical_shape,
     offset_map,
     strides_from_offsets,
+    unravel,
 )
 from .ops import (
     copy_blocks,

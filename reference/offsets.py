@@ -8,11 +8,19 @@ logical element inside the allocation. Every fact below is a function of that te
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
 from .geometry import Geometry
 from .layouts import LOGICAL_DIMS, Layout
+
+
+def unravel(index, shape):
+    """The coordinates of flat ``index`` (an int or an integer tensor) in a C-ordered ``shape``, as
+    :func:`torch.unravel_index` gives them. Not that function: its argument checks import sympy,
+    ~2 s of CPU once per process, which a run pays on its first failure."""
+    return tuple((index // math.prod(shape[i + 1:])) % n for i, n in enumerate(shape))
 
 
 def logical_shape(g: Geometry) -> tuple[int, ...]:
@@ -84,7 +92,7 @@ def coordinates_of(layout: Layout, g: Geometry, element_offsets, chunk_elements:
         omap = offset_map(layout, g, blocks)
         flat = omap.flatten()
         for index in torch.nonzero(torch.isin(flat, wanted)).flatten().tolist():
-            coord = dict(zip(LOGICAL_DIMS, (int(c) for c in torch.unravel_index(torch.tensor(index), omap.shape))))
+            coord = dict(zip(LOGICAL_DIMS, (int(c) for c in unravel(index, omap.shape))))
             coord["block"] = int(blocks[coord["block"]])
             for i in torch.nonzero(wanted == flat[index]).flatten().tolist():
                 found[i] = coord

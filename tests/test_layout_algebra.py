@@ -1,8 +1,11 @@
 """The layout algebra equals the spec's formulas, and its derived facts hold."""
 
+import math
+
 import pytest
 import torch
 from hypothesis import given
+from hypothesis import strategies as st
 
 from kvconform import reference as R
 
@@ -186,3 +189,11 @@ def test_coordinates_of_inverts_the_offset_map_chunk_by_chunk(key):
     offsets = [int(omap[p]) for p in picks] + [layout.numel(g) + 5]
     found = R.coordinates_of(layout, g, offsets, chunk_elements=100)
     assert [tuple(c.values()) if c else None for c in found] == picks + [None]
+
+
+@given(st.lists(st.integers(1, 7), min_size=1, max_size=6), st.data())
+def test_unravel_gives_torchs_coordinates_for_ints_and_tensors(shape, data):
+    index = data.draw(st.lists(st.integers(0, math.prod(shape) - 1), min_size=1, max_size=5))
+    expected = torch.stack(torch.unravel_index(torch.tensor(index), shape), dim=1)
+    assert torch.equal(torch.stack(R.unravel(torch.tensor(index), shape), dim=1), expected)
+    assert [list(R.unravel(i, shape)) for i in index] == expected.tolist()

@@ -15,6 +15,8 @@ from kvconform.conformance.plugin.options import RunOptions
 from kvconform.conformance.plugin.run_plan import plan_run
 from kvconform.errors import InputError
 
+from .suite_runs import run_suite
+
 GIVEN = RunOptions(backends=("reference",), device="cpu", seed=0, profile="quick", standard=None, json_path="/runs/r/results.json",
                    html_path=None, huge=False, timeout=None, export_digests=None, compare_digests=None, expectations=None,
                    update_expectations=None)
@@ -78,3 +80,12 @@ def test_an_option_that_cannot_be_used_is_refused_by_name(fields, complaint):
 
 def test_the_device_is_left_to_the_wiring_which_allocates_on_it():
     assert plan(device="cuda:7").options.device == "cuda:7"  # options.check_device refuses it, after the plan
+
+
+def test_a_run_draws_no_constants_from_the_source_it_imports(tmp_path):
+    """Hypothesis would parse every module outside site-packages (this checkout, a vendor's backend)
+    for constants to mix into its draws, caching them beside the results: a seed's examples would
+    depend on how kvconform was installed. A run parses none."""
+    result = run_suite(tmp_path, "--kvc-backend", "reference", "-m", "write", "-k", "padding_slots_leave")
+    assert result.returncode == 0, result.output
+    assert not (tmp_path / ".hypothesis" / "constants").exists(), sorted(p.name for p in (tmp_path / ".hypothesis").iterdir())

@@ -250,7 +250,7 @@ def assert_close(prop: str, case: Case, expected: torch.Tensor, actual: torch.Te
     if not bool(bad.any()):
         return
     worst = int(torch.where(bad, err.nan_to_num(float("inf")), torch.zeros_like(err)).argmax())
-    index = torch.unravel_index(torch.tensor(worst), expected.shape)
+    index = R.unravel(worst, expected.shape)
     where = " ".join(f"{d}={int(i)}" for d, i in zip(dims, index))
     mismatch = {"where": where, "expected": f"{float(expected.flatten()[worst]):.6g}", "actual": f"{float(actual.flatten()[worst]):.6g}"}
     raise ConformanceFailure(

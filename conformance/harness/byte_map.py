@@ -49,11 +49,11 @@ def block_byte_map(expected: Arena, actual: Arena, layer: int, block: int) -> di
     rows_shape = R.logical_shape(g)[:5]  # (L, B, 2, N, H)
     cells = []
     for index in range(row_offsets.shape[0]):
-        kv, n, h = (int(i) for i in torch.unravel_index(torch.tensor(index), rows_shape[2:]))
+        kv, n, h = R.unravel(index, rows_shape[2:])
         cell = {"offset": int(row_offsets[index].min()), "row": [kv, n, h], "ok": bool(ok[index]), "actual": None}
         owner = int(owners[index])
         if not cell["ok"] and owner >= 0:
-            src_layer, src_block, src_kv, src_n, src_h = (int(i) for i in torch.unravel_index(torch.tensor(owner), rows_shape))
+            src_layer, src_block, src_kv, src_n, src_h = R.unravel(owner, rows_shape)
             cell["actual"] = [src_kv, src_n, src_h]
             if (src_layer, src_block) != (layer, block):
                 cell["actual_block"] = [src_layer, src_block]

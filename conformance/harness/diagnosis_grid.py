@@ -40,7 +40,7 @@ class Grid:
         """``(n, 6)`` logical coordinates ``(l, b, kv, n, h, d)`` of grid indices (real block ids)."""
         if index.numel() == 0:
             return torch.empty(0, 6, dtype=torch.int64)
-        c = torch.stack(torch.unravel_index(index, self.shape), dim=1)
+        c = torch.stack(R.unravel(index, self.shape), dim=1)
         c[:, 1] = self.blocks[c[:, 1]]
         return c
 

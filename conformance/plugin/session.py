@@ -154,6 +154,19 @@ def _configure_hypothesis(config, plan: RunPlan) -> None:
                               suppress_health_check=list(HealthCheck), **HYPOTHESIS_PROFILES[plan.options.profile])
     settings.load_profile("kvconform")
     config.option.hypothesis_seed = str(plan.options.seed)  # read by Hypothesis' own plugin
+    _draw_no_local_constants()
+
+
+def _draw_no_local_constants() -> None:
+    """Hypothesis (6.131 on) mixes constants parsed from the source of every imported module outside
+    site-packages into what it draws: an editable checkout, or a vendor's backend module, would
+    change the examples of a seed, and the parse costs ~1 s of CPU a process (each xdist worker's
+    too). The examples of a seed depend on the strategies and Hypothesis' version alone."""
+    from hypothesis.internal.conjecture import providers  # no public switch; absent before 6.131
+
+    if hasattr(providers, "_get_local_constants") and hasattr(providers, "_local_constants"):
+        empty = providers._local_constants  # never filled: the scan below is the only writer
+        providers._get_local_constants = lambda: empty
 
 
 def _register_plugins(config, plan: RunPlan, run: SuiteRun) -> None:
