@@ -103,6 +103,11 @@ class CacheSpec:
     layer: int = 0  # the layer of a multi-layer allocation that per-layer ops (write, split, decode) act on
 
 
+# The backend's declarations: fixed for its life, asked thousands of times a run. The suite asks
+# each question (the same arguments) once and keeps a hashable answer (conformance/harness/oracle_guard.py).
+DECLARATIONS = ("arch", "cache_dtype", "path_block_sizes")
+
+
 class Backend(abc.ABC):
     """Implement the abstract members (about 50 lines for a real backend).
 

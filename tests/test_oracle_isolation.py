@@ -177,3 +177,33 @@ def test_a_backend_that_rewrites_the_expected_values_in_the_harness_frames_passe
     backend = "tests.hostile_backends:RewritesTheExpectedArena"
     result = run_suite(tmp_path, "-p", "no:randomly", "--kvc-backend", backend, "-k", "padding_slots", target="kvconform.conformance.test_write")
     assert result.outcomes(backend) == {"passed"}, result.output
+
+
+class PatchesTheReferenceInItsArch(ReferenceBackend):
+    """Counts the questions its declarations are asked; its first ``arch()`` replaces a reference function."""
+
+    def __init__(self):
+        super().__init__()
+        self.asked = []
+
+    def arch(self):
+        self.asked.append("arch")
+        if self.asked.count("arch") == 1:
+            R.copy_blocks = _replace_copy_blocks
+        return ""
+
+    def cache_dtype(self, kv_cache_dtype, model_dtype):
+        self.asked.append((kv_cache_dtype, model_dtype))
+        return super().cache_dtype(kv_cache_dtype, model_dtype)
+
+
+def test_a_declaration_is_asked_each_question_once_and_its_first_answer_is_still_checked(pristine, monkeypatch):
+    monkeypatch.setattr(oracle_guard, "_PRISTINE", pristine)  # as the plugin installs it
+    backend = PatchesTheReferenceInItsArch()
+    oracle_guard.guard_ops(backend)
+    with pytest.raises(oracle_guard.OracleChanged, match="backend reference's arch()"):
+        backend.arch()
+    assert R.copy_blocks is not _replace_copy_blocks  # restored
+    answers = [backend.cache_dtype(kind, torch.bfloat16) for kind in ("auto", "fp8", "auto", "fp8", "auto")]
+    assert answers == [torch.bfloat16, torch.float8_e4m3fn] * 2 + [torch.bfloat16]
+    assert backend.asked == ["arch", ("auto", torch.bfloat16), "arch", ("fp8", torch.bfloat16)]  # arch asked again: its first call raised
