@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from kvconform import reference as R
+from kvconform.conformance.harness import oracle_guard
 from kvconform.conformance.harness.device_transfer import DeviceJob, engine_for, run_on_devices
 from kvconform.conformance.harness.placement import CannotPlace, place
 from kvconform.conformance.plugin import certify
@@ -93,6 +94,13 @@ def test_a_handshake_routing_heads_to_the_next_rank_fails_naming_rank_device_and
     assert [f.rank for f in failures] == [0, 1], "both consumer ranks got the other's heads"
     first = failures[0].failure
     assert "consumer rank 0 on cpu (device process 1), model heads 0..1 of 4" in first and "head=0" in first, first
+
+
+def test_a_backend_that_changes_the_oracle_in_a_device_process_voids_the_transfer():
+    hostile = job(1, 2, backend="tests.hostile_backends:PatchesTheReferenceWhileItShips")
+    with pytest.raises(oracle_guard.OracleChanged, match=r"in device process \d \(cpu\): the oracle changed during backend "
+                                                         r".*layout_descriptor\(\).*kvconform\.reference\.copy_blocks was replaced"):
+        run_on_devices([hostile], ["cpu", "cpu"], timeout=120)
 
 
 def test_a_job_whose_blocks_do_not_ascend_is_refused():

@@ -37,6 +37,7 @@ import torch.multiprocessing as mp
 from kvconform import reference as R
 from kvconform.reference import compat
 
+from . import oracle_guard
 from .assertions import ConformanceFailure
 from .case import Case
 from .connector import Shard, allocate_shard, assert_shards_equal, cache_origin, model_kv
@@ -108,6 +109,9 @@ class JobReport:
         return [c for c in self.consumers if not c.ok]
 
 
+ORACLE_CHANGED = -1  # a device process's answer in place of a job number
+
+
 class DevicesFailed(RuntimeError):
     """A device process raised or gave no result: the transfer did not happen (not a finding on bytes)."""
 
@@ -141,7 +145,14 @@ class _Ranks:
 
         self.job, self.placement, self.index = job, placement, index
         self.device = placement.devices[index]
-        self.backend = registry.load(job.backend).backend
+        loaded = registry.load(job.backend)
+        if loaded.backend is None:
+            raise RuntimeError(f"backend {job.backend} did not load in device process {index}: {loaded.error or loaded.unavailable}")
+        # The backend's code runs here as in the suite's process: after its import and after each op
+        # the oracle is checked, and its ops get copies of their inputs.
+        oracle_guard.verify(f"the import of backend {job.backend} in device process {index}")
+        self.backend = loaded.backend
+        oracle_guard.guard_ops(self.backend)
         layouts = {side: _layout(self.backend, name) for side, name in (("p", job.producer_layout), ("c", job.consumer_layout))}
         self.case = Case(backend=self.backend, layout=layouts["p"], device=self.device, seed=job.seed, standard="e1",
                          test_id="", repro=job.repro)
@@ -304,6 +315,7 @@ def _transfer(job: DeviceJob, placement: Placement, index: int, wire: str) -> di
 
 def _device_process(index: int, devices: tuple[str, ...], engine: str, jobs: tuple[DeviceJob, ...], port: int, results) -> None:
     try:
+        oracle_guard.install()  # spawned: the oracle before the backend's import; forked: the parent's record
         device = devices[index]
         if device.startswith("cuda"):
             torch.cuda.set_device(torch.device(device))
@@ -313,6 +325,8 @@ def _device_process(index: int, devices: tuple[str, ...], engine: str, jobs: tup
         for number, job in enumerate(jobs):
             results.put((index, number, _transfer(job, place(job.producer_tp, job.consumer_tp, devices), index, device if engine == "nccl" else "cpu")))
         dist.barrier()
+    except oracle_guard.OracleChanged as exc:  # the parent raises it again: a void result, never a known failure
+        results.put((index, ORACLE_CHANGED, str(exc)))
     except Exception:  # noqa: BLE001 - reported to the parent, which fails the run
         results.put((index, None, traceback.format_exc()[-2000:]))
     finally:
@@ -369,6 +383,8 @@ def run_on_devices(jobs, devices, engine: str | None = None, timeout: float = 30
                 if not any(p.is_alive() for p in procs):
                     break
                 continue
+            if number == ORACLE_CHANGED:
+                raise oracle_guard.OracleChanged(f"in device process {index} ({devices[index]}): {out}")
             if number is None:
                 raise DevicesFailed(f"device process {index} ({devices[index]}) raised:\n{out}")
             got[(index, number)] = out
