@@ -86,11 +86,11 @@ class TokensFromKeyRows(Mutant):
     def write(self, cache, key, value, slot_mapping, spec, *, k_scale, v_scale):
         super().write(cache, key, value, slot_mapping, spec, k_scale=k_scale, v_scale=v_scale)
         T, rows = len(slot_mapping), key.shape[0]
-        if rows > T and T:
-            extra = torch.arange(T, rows)
+        # One wrap at a time (later rows land last): past 2T rows a single write would repeat slots.
+        for first in range(T, rows, T) if T else ():
             stray = torch.full((rows,), -1, dtype=slot_mapping.dtype)
-            stray[extra] = slot_mapping.cpu()[extra % T]
-            stray = torch.where(torch.arange(rows) >= T, stray, -1)
+            wrapped = torch.arange(first, min(first + T, rows))
+            stray[wrapped] = slot_mapping.cpu()[wrapped % T]
             super().write(cache, key, value, stray.to(slot_mapping.device), spec, k_scale=k_scale, v_scale=v_scale)
 
 
