@@ -127,6 +127,8 @@ class AiterBackend(KernelLibrary):
     layouts: tuple
 
     def __init__(self):
+        if triton_interpreter.interpreted():
+            triton_interpreter.exact_xor_reduction()  # its rope's tl.flip, else minutes of Python a run
         self._kernel = fused_kv_cache().fused_qk_rope_reshape_and_cache
         self._version = aiter_version(Path(sys.modules["aiter"].__path__[0]))
         self.platform = _platform()

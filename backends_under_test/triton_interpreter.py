@@ -14,6 +14,11 @@ kernels compute in the value domain.
 :func:`bf16_arithmetic_defect` runs the one-line reproducer and says what it saw, so adapters
 declare a case not applicable exactly while the defect is there, and stop on the first Triton
 that fixes it.
+
+It is also slow where it need not be: a reduction whose combine function it does not know runs
+element by element in Python, and ``tl.flip`` is ``log2(n)`` xor-reductions — AITER's rope reaches
+it on every key row (70 % of an interpreted AITER suite run). :func:`exact_xor_reduction` gives the
+interpreter numpy's integer xor-reduction for ``xor_sum``, bit for bit what its own loop computes.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import functools
 import os
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -55,3 +61,31 @@ def bf16_arithmetic_defect() -> str | None:
         return None
     return (f"Triton {triton.__version__}'s interpreter (TRITON_INTERPRET=1) does bfloat16 arithmetic on the uint16 bit "
             f"patterns it stores bfloat16 in: 1.5 * 1.0 in bfloat16 gave {got:.3g} (triton-lang/triton#4972, PR #10945)")
+
+
+def exact_xor_reduction() -> bool:
+    """Make the interpreter reduce ``xor_sum`` with ``numpy.bitwise_xor.reduce`` instead of its
+    per-element Python loop (exact: integer xor is associative and commutative). True when in
+    place; False where this Triton's interpreter is not the one this was written against (it then
+    keeps its own loop)."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    reduce_ops, combine = getattr(interpreter, "ReduceOps", None), getattr(tl.standard, "_xor_combine", None)
+    if reduce_ops is None or combine is None or not hasattr(reduce_ops, "apply_impl"):
+        return False
+    if getattr(reduce_ops.apply_impl, "exact_xor", False):
+        return True
+    loop = reduce_ops.apply_impl
+
+    def apply_impl(self, input):
+        if self.combine_fn is not combine or len(input) != 1:
+            return loop(self, input)
+        data = input[0].handle.data
+        return self.to_tensor(np.bitwise_xor.reduce(data, axis=self.axis, keepdims=self.keep_dims), input[0].dtype)
+
+    apply_impl.exact_xor = True  # type: ignore[attr-defined]
+    apply_impl.loop = loop  # type: ignore[attr-defined]
+    reduce_ops.apply_impl = apply_impl
+    return True

@@ -36,3 +36,19 @@ def test_the_detector_sees_the_reproducers_bf16_multiplication(ops):
 def test_kvconforms_own_writers_and_decode_do_no_bf16_arithmetic(ops):
     runs = {name: seen for name, seen in ops.items() if name.startswith(("reshape_and_cache", "paged_decode"))}
     assert len(runs) == 7 and all(seen == [] for seen in runs.values()), runs
+
+
+@pytest.fixture(scope="module")
+def xor_ops():
+    proc = subprocess.run([sys.executable, "-m", "tests.triton_xor_ops"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("path", ["loop", "exact"])
+def test_flip_and_xor_sum_give_the_same_bits_with_the_interpreters_loop_and_numpys_reduction(xor_ops, path):
+    """fp16 bit patterns of every kind flipped along a row, xor-reduced by row, by column and whole."""
+    assert xor_ops["installed"], "exact_xor_reduction no longer fits this Triton's interpreter: AITER's interpreted runs take minutes again"
+    got = xor_ops[path]
+    for what in ("flip", "by_row", "by_col", "whole"):
+        assert got[what] == got[f"expected_{what}"], f"{path}: {what} differs"
