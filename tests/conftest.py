@@ -4,6 +4,7 @@ modules read, and the subprocesses started as collection ends (tests/background.
 
 import atexit
 import os
+import sys
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -27,6 +28,13 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    if _runs_the_suite(config):
+        # A suite run started in the checkout's root (run_suite's default, `./kvc suite`) loads this file
+        # too: given `--pyargs kvconform.conformance`, no path, pytest takes its initial conftests from
+        # the invocation directory's test* folders. Nothing here is for it — the own tests' scheduler
+        # would replace the suite's, and their ordering walk the suite's items (~1 s a worker).
+        config.pluginmanager.unregister(sys.modules[__name__])
+        return
     fast_tier.configure(config)
     if hasattr(config, "workerinput"):
         worker_groups.forget_being_a_worker()
@@ -68,6 +76,10 @@ def pytest_collection_finish(session):
     # An xdist worker collects every test but runs only its groups: its jobs start when a fixture reads them.
     if not hasattr(session.config, "workerinput"):
         background.start_for(session.items)
+
+
+def _runs_the_suite(config) -> bool:
+    return bool(config.option.pyargs) and any(str(arg).startswith("kvconform.conformance") for arg in config.args)
 
 
 def pytest_sessionfinish(session):

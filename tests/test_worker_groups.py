@@ -3,10 +3,23 @@ groups start first, and a worker's nested suite runs do not take themselves for 
 
 from __future__ import annotations
 
+import json
 import os
 from types import SimpleNamespace
 
 from . import worker_groups as W
+from .suite_runs import ROOT, run_suite
+
+# In a suite run: is the own tests' conftest imported, and still a plugin once the run is configured?
+CONFTEST_PROBE = """
+import json, os, sys
+
+def pytest_sessionstart(session):
+    conftest = sys.modules.get("tests.conftest")
+    seen = {"imported": conftest is not None, "plugin": conftest is not None and session.config.pluginmanager.is_registered(conftest)}
+    with open(os.environ["KVC_PROBE_OUT"], "w") as out:
+        json.dump(seen, out)
+"""
 
 
 def synthetic_tests(tmp_path, files: dict[str, str]):
@@ -50,3 +63,14 @@ def test_a_worker_forgets_the_xdist_variables_its_suite_runs_would_inherit(monke
     monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", "abc")
     W.forget_being_a_worker()
     assert not [n for n in os.environ if n.startswith("PYTEST_XDIST_")]
+
+
+def test_a_suite_run_started_in_the_checkouts_root_leaves_the_own_tests_plugin_out(tmp_path):
+    """pytest loads tests/conftest.py into it (its initial conftests come from the invocation
+    directory's test* folders); the own tests' scheduler and ordering must not reach it."""
+    (tmp_path / "conftest_probe.py").write_text(CONFTEST_PROBE)
+    out = tmp_path / "seen.json"
+    result = run_suite(tmp_path, "-p", "conftest_probe", "-n", "2", "--kvc-backend", "reference", "-m", "shape", cwd=ROOT,
+                       env={"PYTHONPATH": str(tmp_path), "KVC_PROBE_OUT": str(out)})
+    assert result.returncode == 0, result.output
+    assert json.loads(out.read_text()) == {"imported": True, "plugin": False}
