@@ -33,9 +33,11 @@ import pytest
 
 LIST = Path(__file__).with_name("fast_tier.txt")
 # Measured seconds the tier may hold, in the units of the run that measured them: the list's were
-# measured by a clean clone's full `./kvc test` on an idle two-core machine (921 s for 1524 tests);
-# the tier's wall time, which must stay within 3 minutes, is in docs/PERFORMANCE.md.
-BUDGET_S = 120.0
+# measured by a clean clone's full `./kvc test` on an idle two-core machine (1 474 s for 1 638 tests,
+# 2026-12-05: 120 s of them made a 3 min 02 s tier that day, 115 s one of 1 min 50 s: a few tests'
+# module fixtures cost more in the tier than their records say); the tier's wall time, which must
+# stay within 3 minutes, is in docs/PERFORMANCE.md.
+BUDGET_S = 115.0
 # Modules with no test in the tier, and why (each is in the full tier, which CI runs).
 NOT_IN_TIER = {
     "tests/test_report_in_chromium.py": "each test renders a suite run's HTML report in headless Chromium "
