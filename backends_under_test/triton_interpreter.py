@@ -86,6 +86,5 @@ def exact_xor_reduction() -> bool:
         return self.to_tensor(np.bitwise_xor.reduce(data, axis=self.axis, keepdims=self.keep_dims), input[0].dtype)
 
     apply_impl.exact_xor = True  # type: ignore[attr-defined]
-    apply_impl.loop = loop  # type: ignore[attr-defined]
     reduce_ops.apply_impl = apply_impl
     return True

@@ -92,7 +92,7 @@ def coordinates_of(layout: Layout, g: Geometry, element_offsets, chunk_elements:
         omap = offset_map(layout, g, blocks)
         flat = omap.flatten()
         for index in torch.nonzero(torch.isin(flat, wanted)).flatten().tolist():
-            coord = dict(zip(LOGICAL_DIMS, (int(c) for c in unravel(index, omap.shape))))
+            coord = dict(zip(LOGICAL_DIMS, unravel(index, omap.shape)))
             coord["block"] = int(blocks[coord["block"]])
             for i in torch.nonzero(wanted == flat[index]).flatten().tolist():
                 found[i] = coord

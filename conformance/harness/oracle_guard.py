@@ -240,20 +240,14 @@ def is_backend_memory(parameter: str) -> bool:
     return parameter == "buffer" or parameter.endswith("cache")
 
 
-def declaration_names() -> tuple[str, ...]:
-    from kvconform.backends_under_test.contract import DECLARATIONS
-
-    return DECLARATIONS
-
-
 def guard_ops(backend) -> None:
     """Wrap ``backend``'s contract methods (on the instance) with the input and oracle guards."""
-    from kvconform.backends_under_test.contract import Backend
+    from kvconform.backends_under_test.contract import DECLARATIONS, Backend
 
     for name in op_names():
         method = getattr(backend, name, None)
         if callable(method) and not isinstance(method, _GuardedOp):
-            guarded = _GuardedDeclaration if name in declaration_names() else _GuardedOp
+            guarded = _GuardedDeclaration if name in DECLARATIONS else _GuardedOp
             setattr(backend, name, guarded(backend, name, method, inspect.signature(getattr(Backend, name))))
 
 
