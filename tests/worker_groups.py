@@ -1,8 +1,9 @@
 """kvconform's own tests on several xdist workers (``KVCONFORM_TEST_WORKERS=N ./kvc test``, or
 ``-n N``): what must share a worker, and what starts first.
 
-Measured on CI's two cores (2026-12-05, docs/PERFORMANCE.md) two workers were slower than one
-process: ``./kvc test`` runs one unless asked. On more cores the conditions below keep a run right:
+CI runs two (``.ci/run``): on its two cores a serial run left one idle while single-process tests
+ran (docs/PERFORMANCE.md, 2026-12-05 fourth session); ``./kvc test`` runs one process unless asked.
+The conditions below keep a run on workers right:
 
 - a **group** is the unit a worker takes: a test module, or several modules that read one
   session-scoped fixture of tests/ (the built-in runs, the forked vLLM runs): a session fixture is
