@@ -5,7 +5,9 @@ run's process gives other bytes — a line of defence that does not rely on the 
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import os
 import subprocess
 import sys
 import time
@@ -67,6 +69,23 @@ def test_a_bundles_code_digest_is_compared_only_when_both_ran_the_same_python():
     assert canary.bundle_problems({**other_code, canary.PYTHON: "3.99"}) == []  # another Python compiles other bytecode
     assert [p.split(" gave")[0] for p in canary.bundle_problems(other_code)] == [canary.CODE]
     assert [p.split(" gave")[0] for p in canary.bundle_problems({**clean, "reference.copy_blocks": "x", canary.PYTHON: "3.99"})] == ["reference.copy_blocks"]
+
+
+def test_the_code_digest_does_not_follow_the_hash_seed():
+    """Python 3.12 compiles a frozen dataclass's field names into a frozenset constant, whose repr
+    follows the hash seed: every certified run on 3.12 was refused (found on the H200, 2026-12-05)."""
+    code = (lambda x: x).__code__
+    same_members_other_order = [code.replace(co_consts=(frozenset(order), (frozenset(order), "a"))) for order in ([1, 9], [9, 1])]
+    assert repr(frozenset([1, 9])) != repr(frozenset([9, 1]))  # the two orders are really two reprs
+    digests = []
+    for c in same_members_other_order:
+        h = hashlib.sha256()
+        oracle_guard._hash_code(h, c)
+        digests.append(h.hexdigest())
+    assert digests[0] == digests[1], "the oracle's code digest differs for equal constants stored in another order"
+    seeds = [subprocess.run([sys.executable, "-c", "from kvconform.conformance.harness import oracle_guard; print(oracle_guard.code_digest())"],
+                            capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")]
+    assert seeds[0] == seeds[1], f"the oracle's code digest under PYTHONHASHSEED 1 and 2: {seeds}"
 
 
 def test_the_clean_process_refuses_to_answer_once_a_backend_module_is_imported_there():

@@ -224,7 +224,17 @@ def _hash_code(h, code: types.CodeType) -> None:
         if isinstance(const, types.CodeType):
             _hash_code(h, const)
         else:
-            h.update(repr(const).encode())
+            h.update(_canonical(const).encode())
+
+
+def _canonical(const) -> str:
+    """A constant's repr, the same in every process: a frozenset's repr follows the hash seed (Python
+    3.12's frozen dataclasses compile their field names into one), so its members are sorted."""
+    if isinstance(const, frozenset):
+        return "frozenset({" + ", ".join(sorted(map(_canonical, const))) + "})"
+    if isinstance(const, tuple):
+        return "(" + ", ".join(map(_canonical, const)) + ",)"
+    return repr(const)
 
 
 # ----------------------------------------------------------------------------- the inputs
