@@ -82,7 +82,7 @@ def rerun(directory: str, document: dict, count: int, collected: list[str], *, c
 
     The tests are drawn from the records whose ids this suite collects (``collected``), with
     the system's randomness unless ``chooser`` is given. They run in one process with the
-    bundle's profile, seed, standard and device; the golden-digest comparison is against the
+    bundle's profile, seed, standard, device and devices; the golden-digest comparison is against the
     bundle's own digests.json (the receiver's bytes must equal the bytes the vendor recorded)."""
     environment = document["environment"]
     known = set(collected)
@@ -96,6 +96,8 @@ def rerun(directory: str, document: dict, count: int, collected: list[str], *, c
         out = os.path.join(tmp, "results.json")
         args = ["--kvc-backend", ",".join(backends), "--kvc-seed", str(environment["seed"]), "--kvc-profile", str(environment["profile"]),
                 "--kvc-standard", str(environment["standard"]), "--kvc-device", str(environment["device"]), "--kvc-json", out]
+        if environment.get("devices"):  # the check between devices is "not applicable" without its pin
+            args += ["--kvc-devices", ",".join(map(str, environment["devices"]))]
         digests = os.path.join(directory, "digests.json")
         if _has_entries(digests):
             args += ["--kvc-compare-digests", digests]

@@ -209,6 +209,24 @@ def test_rerun_refuses_a_bundle_whose_recorded_outcome_or_digest_is_not_what_run
     assert not lines
 
 
+def test_rerun_of_the_check_between_devices_uses_the_devices_the_bundle_pinned(bundle):
+    """A certified CPU run pins ``cpu,cpu``; a rerun without the pin found that check "not
+    applicable" and refused an honest bundle whenever the random draw picked it (CI, 2026-12-05)."""
+    from kvconform import receiver
+
+    document = json.loads((bundle / "results.json").read_text())
+    assert document["environment"]["devices"] == ["cpu", "cpu"]
+    between = [r for r in document["tests"] if "between_devices" in r["nodeid"] and r["outcome"] == "passed"][:1]
+    assert between, "the certified run recorded no passing check between devices"
+
+    class Chooser:
+        def sample(self, population, k):
+            return between
+
+    lines, problems = receiver.rerun(str(bundle), document, 1, (bundle / "collected.txt").read_text().split(), chooser=Chooser())
+    assert problems == [] and lines == [f"rerun {between[0]['nodeid']}: passed here too"]
+
+
 def test_rerun_agrees_with_an_honest_bundle(bundle, capsys):
     assert main(["verify-submission", str(bundle), "--rerun", "2"]) == 0
     out = capsys.readouterr().out

@@ -197,6 +197,7 @@ def environment(run, backends: dict) -> dict:
         "triton": package_version("triton") or package_version("pytorch-triton-rocm"),
         "vllm": package_version("vllm"),
         "device": options.device,
+        "devices": list(options.devices) or None,  # the check between devices' processes (a certified run pins them)
         "device_name": torch.cuda.get_device_name() if options.device.startswith("cuda") else platform.processor() or "cpu",
         "run_platform": run_platform(options.device),
         "seed": options.seed, "profile": options.profile, "standard": options.standard,
