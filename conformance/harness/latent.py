@@ -305,10 +305,13 @@ def assert_latent_bytes_equal(prop: str, case: Case, expected: LatentArena, actu
     """The whole latent arena (guards included) equals the reference's, byte for byte; ``pages``
     limits the comparison to those ``PAGE``-byte pages (lazily mapped probes: every other page is
     zero in both). A failure names the differing bytes by layer, block, row, field and byte."""
-    want = expected.buffer.detach().cpu() if pages is None else expected.buffer
-    got = actual.buffer.detach().cpu() if pages is None else actual.buffer
+    want, got = expected.buffer.detach(), actual.buffer.detach()
     if pages is None:
         case.facts.compared(got)
+        # Equal where both live (a GPU probe's gigabytes stay on the GPU); only a difference comes to the host.
+        if want.device == got.device and torch.equal(want, got):
+            return
+        want, got = want.cpu(), got.cpu()
         if torch.equal(want, got):
             return
         differs = (want != got).nonzero().flatten()
@@ -425,7 +428,7 @@ def copy_records(src: LatentArena, dst: LatentArena, slot_mapping: torch.Tensor)
 def assert_probe_equal(prop: str, case: Case, expected: LatentArena, actual: LatentArena, note: str) -> None:
     """A probe arena equals its twin: the pages either side touched (lazy), or every byte."""
     if not actual.lazy:
-        assert_latent_bytes_equal(prop, case, LatentArena(expected.buffer.cpu(), expected.spec), LatentArena(actual.buffer.cpu(), actual.spec), note)
+        assert_latent_bytes_equal(prop, case, expected, actual, note)
         return
     pages = torch.unique(torch.cat([touched_pages(expected.buffer), touched_pages(actual.buffer)]))
     assert_latent_bytes_equal(prop, case, expected, actual, note, pages=pages)
