@@ -425,7 +425,8 @@ class Verdict:
     def summary(self) -> str:
         if not self.compatible:
             return f"incompatible: {self.reason}"
-        assert self.plan is not None  # a compatible verdict carries its plan (check)
+        if self.plan is None:
+            raise ValueError("a compatible verdict without its plan (check makes both together)")
         if not self.plan.sends:
             return "compatible: nothing to send"
         return "compatible: identical bytes" if self.plan.identical else f"compatible: converted ({', '.join(self.plan.steps)})"

@@ -362,7 +362,8 @@ def judge(p: LatentEndpoint | QuantEndpoint, c: LatentEndpoint | QuantEndpoint) 
         return Refusal(f"the producer's cache holds {p.geometry.num_layers} layers, the consumer's {c.geometry.num_layers}", "layers")
     if isinstance(p, LatentEndpoint) and isinstance(c, LatentEndpoint):
         return _judge_latent(p, c)
-    assert isinstance(p, QuantEndpoint) and isinstance(c, QuantEndpoint)  # compat.check pairs sides of one kind
+    if not (isinstance(p, QuantEndpoint) and isinstance(c, QuantEndpoint)):
+        raise TypeError(f"sides of two kinds, {type(p).__name__} and {type(c).__name__}: compat.check pairs sides of one kind")
     return _judge_quant(p, c)
 
 

@@ -196,7 +196,8 @@ class Layout:
         """Shape and element strides of the tensor a backend exposes (tiled: the container)."""
         if self.container is not None:
             return self.container.view_shape_strides(g)
-        assert self.native is not None  # exactly one of native and container (__post_init__)
+        if self.native is None:
+            raise ValueError("a layout with neither native dims nor a container (__post_init__ refuses it)")
         strides = self.strides(g)
         shape, view_strides = [], []
         for group in self.native:

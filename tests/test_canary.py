@@ -88,6 +88,40 @@ def test_the_code_digest_does_not_follow_the_hash_seed():
     assert seeds[0] == seeds[1], f"the oracle's code digest under PYTHONHASHSEED 1 and 2: {seeds}"
 
 
+REWRITES_KVCONFORM = """
+import pytest
+
+pytest.register_assert_rewrite("kvconform")  # what pytest does to every module of an installed plugin's wheel
+
+
+def pytest_collection_finish(session):
+    from kvconform.conformance.harness import oracle_guard
+    print("DIGEST", oracle_guard.code_digest())
+"""
+
+
+def test_the_code_digest_is_the_same_in_a_pytest_run_that_rewrites_kvconforms_asserts(tmp_path):
+    """pytest rewrites the asserts of every module of a pytest11 plugin's distribution: installed
+    from its wheel, the oracle's code in a run differed from the clean process's, and every
+    certified run was refused (found on 2026-12-05; the source checkout's editable install hid it)."""
+    (tmp_path / "conftest.py").write_text(REWRITES_KVCONFORM)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:kvconform", "-p", "no:cacheprovider", "--co", "-q", "-s"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    in_pytest = [line.split()[1] for line in run.stdout.splitlines() if line.startswith("DIGEST")]
+    assert in_pytest == [canary.clean_digests()[canary.CODE]], run.stdout[-2000:] + run.stderr[-2000:]
+
+
+def test_the_oracle_holds_no_assert_statement():
+    """The reason the digest above can agree: pytest rewrites assert statements (only those)."""
+    import ast
+    from pathlib import Path
+
+    found = [f"{path}:{node.lineno}" for package in oracle_guard.ORACLE_PACKAGES
+             for path in Path(importlib.import_module(package).__path__[0]).glob("*.py")
+             for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Assert)]
+    assert found == [], f"assert statements in the oracle (raise instead: pytest rewrites them in a run, not in the canary's clean process): {found}"
+
+
 def test_the_clean_process_refuses_to_answer_once_a_backend_module_is_imported_there():
     proc = subprocess.run([sys.executable, "-m", canary.MODULE, "kvconform.reference.ops"], capture_output=True, text=True)
     assert proc.returncode == 1 and "backend module(s) kvconform.reference.ops are imported in the clean process" in proc.stderr
