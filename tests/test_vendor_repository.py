@@ -33,6 +33,7 @@ from types import SimpleNamespace
 import pytest
 
 from kvconform import isolation
+from kvconform.conformance.harness import canary
 from kvconform.backends_under_test import registry
 from kvconform.backends_under_test.contract import CONNECTOR_OPS, Backend
 from kvconform.backends_under_test.reference_backend import ReferenceBackend
@@ -282,6 +283,24 @@ def test_the_certify_commands_start_and_name_a_registered_backend(vendor):
     assert proc.returncode == 1 and "NOT CERTIFIED" in proc.stdout, output(proc)[-4000:]  # no test ran: nothing to certify
     proc = in_repo(vendor, verify)
     assert proc.returncode == 1 and "not a bundle directory" in proc.stdout, output(proc)[-4000:]
+
+
+PRINTS_THE_ORACLES_CODE_DIGEST = """
+def pytest_collection_finish(session):
+    from kvconform.conformance.harness import oracle_guard
+    print("DIGEST", oracle_guard.code_digest())
+"""
+
+
+def test_a_pytest_run_of_the_installed_wheel_holds_the_oracle_a_clean_process_holds(vendor, tmp_path):
+    """pytest rewrites the asserts of every module of an installed pytest11 plugin; the canary of a
+    certified run compares the oracle's code with a clean process's, so one assert in the oracle
+    refused every certified run of the wheel (2026-12-05: the checkout's editable install hid it)."""
+    (tmp_path / "conftest.py").write_text(PRINTS_THE_ORACLES_CODE_DIGEST)
+    in_pytest = bash(f"{vendor.python} -m pytest -p no:cacheprovider --co -q -s", tmp_path, vendor.env)
+    clean = bash(f"{vendor.python} -m {canary.MODULE}", tmp_path, vendor.env)
+    digests = [line.split()[1] for line in in_pytest.stdout.splitlines() if line.startswith("DIGEST")]
+    assert digests == [json.loads(clean.stdout)["digests"][canary.CODE]], output(in_pytest)[-3000:] + output(clean)[-2000:]
 
 
 ALIAS_ALONE = '''
